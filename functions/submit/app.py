@@ -1,0 +1,47 @@
+"""SQS -> submissions: job specs to record and launch, and cancel requests.
+
+Thin on purpose: the batch processor reports failed records (ReportBatchItemFailures) so that only
+a record that met a transient AWS error is retried, and after the queue's maxReceiveCount it goes
+to the dead-letter queue. Invalid specs do not fail the record: the service records them as
+REJECTED with their reasons, so they are consumed, never retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from gpujobs.domain.states import JobState
+from gpujobs.runtime.bootstrap import job_service
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+processor = BatchProcessor(event_type=EventType.SQS)
+
+_METRIC_FOR_STATE = {JobState.REJECTED: "JobsRejected", JobState.CANCELLED: "JobsCancelled"}
+
+
+@tracer.capture_method
+def record_handler(record: SQSRecord) -> None:
+    outcome = job_service().handle_message(record.body, message_id=record.message_id)
+    job = outcome.job
+    logger.info(
+        "submission handled",
+        extra={"job_id": job.job_id, "state": job.state.value, "created": outcome.created, "detail": job.status_detail},
+    )
+    if not outcome.created and job.state is not JobState.CANCELLED:
+        metrics.add_metric(name="DuplicateSubmissions", unit=MetricUnit.Count, value=1)
+    metrics.add_metric(name=_METRIC_FOR_STATE.get(job.state, "JobsSubmitted"), unit=MetricUnit.Count, value=1)
+
+
+@metrics.log_metrics(capture_cold_start_metric=True)
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
+    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -1,0 +1,143 @@
+"""EC2 behind the Compute port: RunInstances from the stack's launch template, tag lookups, terminate.
+
+Capacity refusals become CapacityError so the service walks to the next rung; throttling and
+service errors propagate unchanged so the SQS record is retried; anything else is a
+LaunchRejectedError that no other rung would fix. Every instance and volume is tagged on create,
+which is also what the IAM policy requires before RunInstances is allowed at all.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from gpujobs.domain.job import Market
+from gpujobs.domain.ladder import ErrorKind, classify_launch_error
+from gpujobs.service.ports import CapacityError, LaunchedInstance, LaunchRejectedError, LaunchRequest, Subnet
+
+TAG_STACK = "gpujobs:stack"
+TAG_JOB = "gpujobs:job-id"
+TAG_ATTEMPT = "gpujobs:attempt"
+TAG_TEAM = "gpujobs:team"
+LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+
+
+class Ec2Compute:
+    def __init__(
+        self,
+        *,
+        client: Any,
+        launch_template_id: str,
+        security_group_id: str,
+        subnet_ids: Sequence[str],
+        stack_name: str,
+    ) -> None:
+        self._ec2 = client
+        self._launch_template_id = launch_template_id
+        self._security_group_id = security_group_id
+        self._subnet_ids = list(subnet_ids)
+        self._stack = stack_name
+
+    @functools.cache  # noqa: B019 - one adapter per Lambda container; subnets do not move zones
+    def subnets(self) -> Sequence[Subnet]:
+        if not self._subnet_ids:
+            return ()
+        found = self._ec2.describe_subnets(SubnetIds=self._subnet_ids)["Subnets"]
+        zones = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
+        return tuple(Subnet(sid, zones[sid]) for sid in self._subnet_ids if sid in zones)
+
+    def tags(self, request: LaunchRequest) -> list[dict[str, str]]:
+        return [
+            {"Key": TAG_STACK, "Value": self._stack},
+            {"Key": TAG_JOB, "Value": request.job_id},
+            {"Key": TAG_ATTEMPT, "Value": str(request.attempt)},
+            {"Key": TAG_TEAM, "Value": request.team},
+            {"Key": "Name", "Value": f"gpujobs-{request.name}-a{request.attempt}"},
+        ]
+
+    def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
+        tags = self.tags(request)
+        params: dict[str, Any] = {
+            "LaunchTemplate": {"LaunchTemplateId": self._launch_template_id, "Version": "$Default"},
+            "InstanceType": request.instance_type,
+            "MinCount": request.count,
+            "MaxCount": request.count,
+            "ClientToken": request.client_token,
+            "UserData": request.user_data,
+            "NetworkInterfaces": [
+                {
+                    "DeviceIndex": 0,
+                    "SubnetId": request.subnet.subnet_id,
+                    "Groups": [self._security_group_id],
+                    "AssociatePublicIpAddress": False,
+                    "DeleteOnTermination": True,
+                }
+            ],
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "volume", "Tags": tags},
+            ],
+        }
+        if request.market is Market.SPOT:
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
+        try:
+            if request.placement_group:
+                self._ensure_placement_group(request.placement_group, tags)
+                params["Placement"] = {"GroupName": request.placement_group}
+            response = self._ec2.run_instances(**params)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
+            kind = classify_launch_error(code)
+            if kind is ErrorKind.NEXT_RUNG:
+                raise CapacityError(code, message) from exc
+            if kind is ErrorKind.TRANSIENT:
+                raise
+            raise LaunchRejectedError(code, message) from exc
+        return [_launched(i) for i in response["Instances"]]
+
+    def _ensure_placement_group(self, name: str, tags: list[dict[str, str]]) -> None:
+        try:
+            self._ec2.create_placement_group(
+                GroupName=name,
+                Strategy="cluster",
+                TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}],
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidPlacementGroup.Duplicate":
+                raise
+
+    def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
+        filters = [
+            {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
+            {"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
+            {"Name": "instance-state-name", "Values": LIVE_STATES},
+        ]
+        if attempt is not None:
+            filters.append({"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(attempt)]})
+        found: list[LaunchedInstance] = []
+        for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            found += [_launched(i) for r in page["Reservations"] for i in r["Instances"]]
+        return sorted(found, key=lambda i: i.launch_index)
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        if instance_ids:
+            self._ec2.terminate_instances(InstanceIds=list(instance_ids))
+
+
+def _launched(instance: dict[str, Any]) -> LaunchedInstance:
+    return LaunchedInstance(
+        instance_id=instance["InstanceId"],
+        instance_type=instance["InstanceType"],
+        zone=instance.get("Placement", {}).get("AvailabilityZone", ""),
+        market=Market.SPOT if instance.get("InstanceLifecycle") == "spot" else Market.ON_DEMAND,
+        launch_index=int(instance.get("AmiLaunchIndex", 0)),
+        private_ip=instance.get("PrivateIpAddress"),
+        state=instance.get("State", {}).get("Name", "pending"),
+    )

@@ -1,0 +1,155 @@
+"""In-memory implementations of the ports, enforcing the same conditions as the real ones.
+
+Unit tests, the benchmarks and anything that must run without AWS use these. They are fakes, not
+mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and the
+compute fake can be told to refuse chosen pools with the EC2 error codes the launcher handles.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from gpujobs.domain.job import Job
+from gpujobs.domain.states import JobState
+from gpujobs.service.ports import (
+    CapacityError,
+    ConcurrentUpdateError,
+    JobExistsError,
+    JobNotFoundError,
+    LaunchedInstance,
+    LaunchRequest,
+    StateChanged,
+    Subnet,
+)
+
+
+class InMemoryJobStore:
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._instances: dict[str, str] = {}
+
+    def create(self, job: Job) -> Job:
+        if job.job_id in self._jobs:
+            raise JobExistsError(job.job_id)
+        stored = job.model_copy(update={"version": 1})
+        self._jobs[job.job_id] = stored
+        return stored
+
+    def get(self, job_id: str) -> Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise JobNotFoundError(job_id) from None
+
+    def save(self, job: Job) -> Job:
+        current = self._jobs.get(job.job_id)
+        if current is None or current.version != job.version:
+            raise ConcurrentUpdateError(job.job_id, job.version)
+        stored = job.model_copy(update={"version": job.version + 1})
+        self._jobs[job.job_id] = stored
+        attempt = job.current_attempt
+        for iid in attempt.instance_ids if attempt else ():
+            self._instances[iid] = job.job_id
+        return stored
+
+    def find_by_instance(self, instance_id: str) -> Job | None:
+        job_id = self._instances.get(instance_id)
+        return self._jobs[job_id] if job_id else None
+
+    def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]:
+        jobs = sorted((j for j in self._jobs.values() if j.state is state), key=lambda j: j.updated_at, reverse=True)
+        return jobs[:limit]
+
+
+@dataclass
+class FakeInstance:
+    instance: LaunchedInstance
+    request: LaunchRequest
+    state: str = "running"
+
+
+@dataclass
+class FakeCompute:
+    """EC2 as the launcher sees it. `refuse` maps (instance_type, zone, market) to an error code."""
+
+    subnet_list: list[Subnet] = field(
+        default_factory=lambda: [Subnet("subnet-a", "us-east-1a"), Subnet("subnet-b", "us-east-1b")]
+    )
+    refuse: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    instances: dict[str, FakeInstance] = field(default_factory=dict)
+    calls: list[LaunchRequest] = field(default_factory=list)
+    on_run: Callable[[LaunchRequest], None] | None = None
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _by_token: dict[str, list[str]] = field(default_factory=dict)
+
+    def subnets(self) -> Sequence[Subnet]:
+        return self.subnet_list
+
+    def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
+        self.calls.append(request)
+        if self.on_run:
+            self.on_run(request)
+        if request.client_token in self._by_token:  # EC2 idempotency
+            return [self.instances[i].instance for i in self._by_token[request.client_token]]
+        code = self.refuse.get((request.instance_type, request.subnet.zone, request.market.value))
+        if code:
+            raise CapacityError(code, f"no {request.market} capacity for {request.instance_type}")
+        launched = []
+        for index in range(request.count):
+            iid = f"i-{next(self._ids):017x}"
+            inst = LaunchedInstance(
+                iid, request.instance_type, request.subnet.zone, request.market, index, f"10.0.0.{index + 10}"
+            )
+            self.instances[iid] = FakeInstance(inst, request)
+            launched.append(inst)
+        self._by_token[request.client_token] = [i.instance_id for i in launched]
+        return launched
+
+    def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
+        return [
+            f.instance
+            for f in self.instances.values()
+            if f.request.job_id == job_id
+            and (attempt is None or f.request.attempt == attempt)
+            and f.state not in ("terminated", "shutting-down")
+        ]
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        for iid in instance_ids:
+            if iid in self.instances:
+                self.instances[iid].state = "terminated"
+
+    def live(self) -> list[FakeInstance]:
+        return [f for f in self.instances.values() if f.state == "running"]
+
+
+@dataclass
+class RecordingPublisher:
+    events: list[StateChanged] = field(default_factory=list)
+
+    def publish(self, events: Sequence[StateChanged]) -> None:
+        self.events.extend(events)
+
+
+@dataclass
+class InMemoryBlobStore:
+    bucket: str = "checkpoints"
+    objects: dict[str, str] = field(default_factory=dict)
+
+    def put_text(self, key: str, text: str) -> str:
+        self.objects[key] = text
+        return f"s3://{self.bucket}/{key}"
+
+
+@dataclass
+class FixedClock:
+    current: datetime = field(default_factory=lambda: datetime(2026, 11, 29, 12, 0, tzinfo=UTC))
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, **kwargs: float) -> None:
+        self.current += timedelta(**kwargs)

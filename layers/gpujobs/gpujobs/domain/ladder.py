@@ -1,0 +1,133 @@
+"""The capacity ladder: which (instance type, zone, market) rungs to try, in which order.
+
+Pure decisions only. The launcher walks the rungs in order and stops at the first that launches.
+Spot comes first when the spec allows it; a job that has been interrupted `max_interruptions`
+times moves to on-demand (`spot-first`) or fails (`spot`); a replacement after an interruption
+tries every other pool before the one that was just reclaimed; a forecasted budget breach removes
+on-demand rungs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from gpujobs.domain.job import Market
+from gpujobs.domain.spec import Capacity, JobSpec
+
+
+@dataclass(frozen=True)
+class Rung:
+    instance_type: str
+    subnet_id: str
+    zone: str
+    market: Market
+
+    @property
+    def pool(self) -> tuple[str, str, Market]:
+        return (self.instance_type, self.zone, self.market)
+
+
+@dataclass(frozen=True)
+class SubnetZone:
+    subnet_id: str
+    zone: str
+
+
+def markets_for(spec: JobSpec, *, interruptions: int, spot_only: bool = False) -> list[Market]:
+    """The markets a launch may use now, in order of preference."""
+    if spec.capacity is Capacity.ON_DEMAND:
+        markets = [Market.ON_DEMAND]
+    elif spec.capacity is Capacity.SPOT:
+        markets = [Market.SPOT] if interruptions <= spec.max_interruptions else []
+    elif interruptions >= spec.max_interruptions:
+        markets = [Market.ON_DEMAND]
+    else:
+        markets = [Market.SPOT, Market.ON_DEMAND]
+    if spot_only:
+        markets = [m for m in markets if m is Market.SPOT]
+    return markets
+
+
+def plan_ladder(
+    spec: JobSpec,
+    subnets: Sequence[SubnetZone],
+    *,
+    interruptions: int = 0,
+    avoid_pool: tuple[str, str, Market] | None = None,
+    spot_only: bool = False,
+) -> list[Rung]:
+    """Every rung to try: market-major (cheapest first), then the spec's type order, then zones."""
+    rungs = [
+        Rung(instance_type=t, subnet_id=s.subnet_id, zone=s.zone, market=m)
+        for m in markets_for(spec, interruptions=interruptions, spot_only=spot_only)
+        for t in spec.instance_types
+        for s in subnets
+    ]
+    if avoid_pool is not None:
+        # The pool that was just reclaimed is the one most likely to be reclaimed again.
+        rungs = [r for r in rungs if r.pool != avoid_pool] + [r for r in rungs if r.pool == avoid_pool]
+    return rungs
+
+
+class ErrorKind(StrEnum):
+    NEXT_RUNG = "next-rung"
+    """No capacity or quota in this pool: try the next rung."""
+    TRANSIENT = "transient"
+    """Throttling or a service error: retry the same request later."""
+    FATAL = "fatal"
+    """A configuration error no rung will fix."""
+
+
+CAPACITY_ERROR_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "Unsupported",
+        "UnsupportedOperation",
+        "InvalidParameterCombination",
+        "InsufficientFreeAddressesInSubnet",
+        "CapacityNotAvailable",
+    }
+)
+TRANSIENT_ERROR_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "InternalError",
+        "ServiceUnavailable",
+        "Unavailable",
+    }
+)
+
+
+def classify_launch_error(code: str) -> ErrorKind:
+    if code in CAPACITY_ERROR_CODES:
+        return ErrorKind.NEXT_RUNG
+    if code in TRANSIENT_ERROR_CODES:
+        return ErrorKind.TRANSIENT
+    return ErrorKind.FATAL
+
+
+def next_try_delay(
+    failures_in_a_row: int, *, jitter: float, base_seconds: float = 60, cap_seconds: float = 1800
+) -> timedelta:
+    """Exponential backoff with full jitter for a job that found no capacity.
+
+    `jitter` is a number in [0, 1) supplied by the caller, so the decision stays pure and testable.
+    """
+    ceiling = min(cap_seconds, base_seconds * 2 ** max(0, failures_in_a_row - 1))
+    return timedelta(seconds=base_seconds / 2 + jitter * (ceiling - base_seconds / 2))
+
+
+def next_try_at(now: datetime, failures_in_a_row: int, *, jitter: float) -> datetime:
+    return now + next_try_delay(failures_in_a_row, jitter=jitter)

@@ -1,0 +1,43 @@
+"""The run document: everything an instance needs to run one attempt of a job.
+
+It travels as JSON inside the instance's user data (or, when too large, in S3 with a pointer in
+user data) and is read by the fixed bootstrap program (`gpujobs/instance/bootstrap.py`). Command
+and env stay structured data end to end: no field is ever spliced into a shell command.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RUN_DOCUMENT_VERSION = 1
+
+
+class RunDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = RUN_DOCUMENT_VERSION
+    job_id: str
+    attempt: int
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    nodes: int = 1
+    gpus_per_node: int = 1
+    checkpoint_uri: str
+    """s3://bucket/jobs/<job_id>/ckpt: the trainer saves and resumes here."""
+    resume_from_step: int | None = None
+    """Newest committed step the control plane knows of; the trainer still takes the newest committed."""
+    checkpoint_every_minutes: int = 30
+    event_bus: str = ""
+    region: str = ""
+    master_port: int = 29500
+    stop_timeout_seconds: int = 120
+
+
+class RunDocumentPointer(BaseModel):
+    """What user data holds instead of the document when the document is too large for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_document_uri: str

@@ -1,0 +1,67 @@
+"""The one place that wires real AWS clients into the services.
+
+Handlers call `job_service()` once per container; clients are created lazily so that importing a
+handler (the cold start) costs only the imports.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.adapters.ec2 import Ec2Compute
+from gpujobs.adapters.eventbus import EventBridgePublisher
+from gpujobs.adapters.s3 import S3BlobStore
+from gpujobs.runtime.settings import Settings
+from gpujobs.service.jobs import JobService, LaunchConfig
+
+_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=20)
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+def client(service: str, settings: Settings) -> Any:
+    return boto3.client(service, region_name=settings.region, config=_CONFIG)
+
+
+def render_user_data_lazily(doc: Any) -> str | bytes:
+    from gpujobs.instance.userdata import render_user_data
+
+    return render_user_data(doc)
+
+
+def build_job_service(settings: Settings) -> JobService:
+    return JobService(
+        store=DynamoJobStore(table_name=settings.table_name, client=client("dynamodb", settings)),
+        compute=Ec2Compute(
+            client=client("ec2", settings),
+            launch_template_id=settings.launch_template_id,
+            security_group_id=settings.security_group_id,
+            subnet_ids=settings.subnet_ids,
+            stack_name=settings.stack_name,
+        ),
+        publisher=EventBridgePublisher(client=client("events", settings), bus_name=settings.event_bus_name),
+        blobs=S3BlobStore(client=client("s3", settings), bucket=settings.checkpoint_bucket),
+        clock=SystemClock(),
+        config=LaunchConfig(
+            checkpoint_bucket=settings.checkpoint_bucket,
+            event_bus_name=settings.event_bus_name,
+            region=settings.region,
+            allowed_instance_types=settings.allowed_instance_types,
+        ),
+        render_user_data=render_user_data_lazily,
+    )
+
+
+@functools.cache
+def job_service() -> JobService:
+    return build_job_service(Settings.from_env(os.environ))

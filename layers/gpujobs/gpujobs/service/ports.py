@@ -1,0 +1,153 @@
+"""The ports the services depend on. Adapters implement them with boto3; fakes in memory.
+
+Each port raises the typed errors below, so a service can handle a lost race or a capacity
+shortage on purpose without knowing which implementation it talks to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from gpujobs.domain.job import Job, Market
+from gpujobs.domain.states import JobState
+
+
+class JobNotFoundError(LookupError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id}")
+        self.job_id = job_id
+
+
+class JobExistsError(Exception):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} already exists")
+        self.job_id = job_id
+
+
+class ConcurrentUpdateError(Exception):
+    """The job changed since it was read: the conditional write lost a race."""
+
+    def __init__(self, job_id: str, expected_version: int) -> None:
+        super().__init__(f"job {job_id} changed since version {expected_version} was read")
+        self.job_id = job_id
+        self.expected_version = expected_version
+
+
+class JobStore(Protocol):
+    def create(self, job: Job) -> Job:
+        """Insert a new job at version 1; JobExistsError if the id is taken."""
+
+    def get(self, job_id: str) -> Job:
+        """JobNotFoundError if absent."""
+
+    def save(self, job: Job) -> Job:
+        """Write `job` if the stored version still equals `job.version`; returns it at version+1.
+
+        Raises ConcurrentUpdateError otherwise. Instance ids of the job's attempts are indexed so
+        that find_by_instance answers without a scan.
+        """
+
+    def find_by_instance(self, instance_id: str) -> Job | None: ...
+
+    def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]: ...
+
+
+# ---- compute ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subnet:
+    subnet_id: str
+    zone: str
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    job_id: str
+    attempt: int
+    team: str
+    name: str
+    count: int
+    instance_type: str
+    subnet: Subnet
+    market: Market
+    client_token: str
+    user_data: str | bytes
+    placement_group: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchedInstance:
+    instance_id: str
+    instance_type: str
+    zone: str
+    market: Market
+    launch_index: int = 0
+    private_ip: str | None = None
+    state: str = "pending"
+
+
+class CapacityError(Exception):
+    """This rung of the ladder has no capacity (or quota) now; try the next one."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+
+
+class LaunchRejectedError(Exception):
+    """EC2 refused the request for a reason that no other rung or retry will fix."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+
+
+class Compute(Protocol):
+    def subnets(self) -> Sequence[Subnet]:
+        """The stack's subnets, in configured order, each with its availability zone."""
+
+    def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
+        """Launch `count` instances or none. CapacityError / LaunchRejectedError on refusal."""
+
+    def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
+        """Non-terminated instances tagged with this job (and attempt)."""
+
+    def terminate(self, instance_ids: Sequence[str]) -> None: ...
+
+
+# ---- events, blobs, clock -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    """Published as detail-type `GPU Job State Change` on the stack's bus."""
+
+    job_id: str
+    name: str
+    team: str
+    source: JobState | None
+    target: JobState
+    reason: str
+    attempt: int | None
+    detail: str
+    at: datetime
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class EventPublisher(Protocol):
+    def publish(self, events: Sequence[StateChanged]) -> None: ...
+
+
+class BlobStore(Protocol):
+    def put_text(self, key: str, text: str) -> str:
+        """Store text under key in the stack's bucket; return its s3:// URI."""
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...

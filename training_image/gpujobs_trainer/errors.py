@@ -1,0 +1,32 @@
+"""Errors the trainer runtime raises on purpose, and the exit codes it promises.
+
+The exit codes are a contract with the control plane: it decides from them whether to resume
+(75), to give up on a misconfigured job (78) or to treat the attempt as a crash (anything else).
+"""
+
+from __future__ import annotations
+
+SUCCESS_EXIT_CODE = 0
+"""Training finished; the final checkpoint is committed."""
+
+PREEMPTED_EXIT_CODE = 75
+"""EX_TEMPFAIL: interrupted (spot notice or SIGTERM), a checkpoint is committed, resume me."""
+
+CONFIG_ERROR_EXIT_CODE = 78
+"""EX_CONFIG: bad environment, unreachable checkpoint URI or unusable checkpoint. Retrying the
+same configuration will fail the same way; training never silently starts from scratch instead."""
+
+CRASH_EXIT_CODE = 1
+"""Anything else: the workers crashed or were killed before reporting an outcome."""
+
+
+class TrainerError(Exception):
+    """Base class for errors raised by gpujobs_trainer."""
+
+
+class ConfigError(TrainerError):
+    """The environment the bootstrap provided is missing or inconsistent."""
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint location cannot be used, or a committed checkpoint cannot be restored."""

@@ -1,0 +1,174 @@
+"""Learning that the instance is about to go away, or that a checkpoint is wanted now.
+
+Two sources set two local flags; the training loop combines them across ranks at every step:
+- ``preempt``: the IMDSv2 spot ``instance-action`` notice (the only signal with a ~2 minute
+  budget) or SIGTERM (last-chance path: docker stop, torchrun forwarding).
+- ``checkpoint_now``: an EC2 rebalance recommendation, SIGUSR1 (the control plane's
+  ``docker kill --signal SIGUSR1``) or a call from user code.
+Signal handlers only set flags; all real work happens at the step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from types import FrameType
+
+log = logging.getLogger("gpujobs_trainer")
+
+TOKEN_PATH = "/latest/api/token"
+INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+TOKEN_TTL_SECONDS = 21600
+
+
+@dataclass
+class StopFlags:
+    """Thread- and signal-safe flags (plain attribute writes are atomic under the GIL)."""
+
+    preempt: bool = False
+    checkpoint_now: bool = False
+    preempt_reason: str = ""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def request_preempt(self, why: str) -> None:
+        if not self.preempt:
+            self.preempt_reason = why
+        self.preempt = True
+
+    def request_checkpoint(self) -> None:
+        self.checkpoint_now = True
+
+    def take_checkpoint_request(self) -> bool:
+        with self._lock:
+            wanted, self.checkpoint_now = self.checkpoint_now, False
+            return wanted
+
+
+def install_signal_handlers(flags: StopFlags) -> None:
+    """SIGTERM -> preempt (final save, exit 75); SIGUSR1 -> checkpoint now and keep training."""
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        flags.request_preempt("SIGTERM")
+
+    def on_usr1(signum: int, frame: FrameType | None) -> None:
+        flags.request_checkpoint()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGUSR1, on_usr1)
+
+
+class ImdsUnreachableError(Exception):
+    """The metadata service did not answer (not on EC2, or hop limit 1 from a container)."""
+
+
+class ImdsClient:
+    """Minimal IMDSv2 client: token PUT, then GETs with the token; 404 = nothing scheduled."""
+
+    def __init__(self, endpoint: str, *, timeout: float = 1.0) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.timeout = timeout
+        self._token: str | None = None
+
+    def _fetch_token(self) -> str:
+        request = urllib.request.Request(
+            self.endpoint + TOKEN_PATH,
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                return str(response.read().decode("utf-8"))
+        except (urllib.error.URLError, OSError) as exc:
+            raise ImdsUnreachableError(f"IMDS token request to {self.endpoint} failed: {exc}") from exc
+
+    def get(self, path: str) -> str | None:
+        """Body of ``path``, or None on 404. Refreshes the token once on 401."""
+        for _ in range(2):
+            if self._token is None:
+                self._token = self._fetch_token()
+            request = urllib.request.Request(
+                self.endpoint + path, headers={"X-aws-ec2-metadata-token": self._token}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                    return str(response.read().decode("utf-8"))
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return None
+                if exc.code == 401:
+                    self._token = None
+                    continue
+                raise ImdsUnreachableError(f"IMDS GET {path}: HTTP {exc.code}") from exc
+            except (urllib.error.URLError, OSError) as exc:
+                raise ImdsUnreachableError(f"IMDS GET {path} failed: {exc}") from exc
+        raise ImdsUnreachableError(f"IMDS GET {path}: token rejected twice")
+
+
+class ImdsWatcher:
+    """Polls the spot notice and the rebalance recommendation every ``interval`` seconds.
+
+    ``required=False`` (the default off EC2): the first failure logs one line and stops the
+    watcher. ``required=True`` (an endpoint was configured explicitly): keep polling, logging
+    once per outage.
+    """
+
+    def __init__(self, client: ImdsClient, flags: StopFlags, *, interval: float, required: bool) -> None:
+        self.client = client
+        self.flags = flags
+        self.interval = interval
+        self.required = required
+        self.disabled = False
+        self._seen_rebalance: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpujobs-imds", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.client.timeout * 3 + 1)
+
+    def poll_once(self) -> None:
+        """One poll; raises ImdsUnreachableError when the service does not answer."""
+        action = self.client.get(INSTANCE_ACTION_PATH)
+        if action is not None:
+            self.flags.request_preempt(f"spot instance-action {_summary(action)}")
+            return
+        rebalance = self.client.get(REBALANCE_PATH)
+        if rebalance is not None and rebalance != self._seen_rebalance:
+            self._seen_rebalance = rebalance
+            log.info("rebalance recommendation %s: checkpointing now", _summary(rebalance))
+            self.flags.request_checkpoint()
+
+    def _run(self) -> None:
+        in_outage = False
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+                in_outage = False
+            except ImdsUnreachableError as exc:
+                if not self.required:
+                    log.info("instance metadata unreachable (%s): interruption watcher disabled", exc)
+                    self.disabled = True
+                    return
+                if not in_outage:
+                    log.warning("instance metadata unreachable, will keep polling: %s", exc)
+                in_outage = True
+            if self.flags.preempt:
+                return
+            self._stop.wait(self.interval)
+
+
+def _summary(body: str) -> str:
+    try:
+        return json.dumps(json.loads(body), sort_keys=True)
+    except ValueError:
+        return body[:200]

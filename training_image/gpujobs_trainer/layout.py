@@ -1,0 +1,147 @@
+"""Checkpoint layout and the pure rules about it: naming, the commit marker, what to resume from
+and what may be purged.
+
+A checkpoint is the folder ``step-NNNNNNNN/`` (eight digits, so names sort like numbers) holding
+the DCP shards ``__<rank>_<n>.distcp``, DCP's ``.metadata``, one ``rng-rank-NNNNN.json`` per rank
+and, written last by rank 0 once every rank has finished, ``COMMIT.json``. A folder without
+``COMMIT.json`` is a save that was cut short: it is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpujobs_trainer.errors import CheckpointError
+
+COMMIT_FILE = "COMMIT.json"
+DCP_METADATA_FILE = ".metadata"
+Reason = Literal["periodic", "preempted", "on-demand", "final"]
+REASONS: tuple[Reason, ...] = ("periodic", "preempted", "on-demand", "final")
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def step_dir_name(step: int) -> str:
+    """``step-00000042`` for step 42."""
+    if step < 0 or step > 99_999_999:
+        raise ValueError(f"step {step} does not fit the 8-digit checkpoint layout")
+    return f"step-{step:08d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a checkpoint folder name, or None for anything else."""
+    match = _STEP_DIR.match(name.rstrip("/"))
+    return int(match.group(1)) if match else None
+
+
+def rng_file_name(rank: int) -> str:
+    return f"rng-rank-{rank:05d}.json"
+
+
+def is_rank_file(name: str, rank: int) -> bool:
+    """Files one rank writes (and, on S3, uploads) itself: its DCP shards and its RNG states."""
+    return name.startswith(f"__{rank}_") or name == rng_file_name(rank)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitMarker:
+    """Contents of COMMIT.json: proof that every rank finished writing this step."""
+
+    step: int
+    world_size: int
+    torch_version: str
+    reason: Reason
+    files: Mapping[str, int]  # file name -> size in bytes
+    time: str
+    position: Mapping[str, int] = field(default_factory=dict)  # data position, e.g. epoch/offset
+    job_id: str = ""
+    attempt: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "step": self.step,
+                "world_size": self.world_size,
+                "torch_version": self.torch_version,
+                "reason": self.reason,
+                "files": [{"name": n, "size": s} for n, s in sorted(self.files.items())],
+                "time": self.time,
+                "position": dict(self.position),
+                "job_id": self.job_id,
+                "attempt": self.attempt,
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CommitMarker:
+        try:
+            raw: dict[str, Any] = json.loads(text)
+            reason = raw["reason"]
+            if reason not in REASONS:
+                raise ValueError(f"unknown reason {reason!r}")
+            return cls(
+                step=int(raw["step"]),
+                world_size=int(raw["world_size"]),
+                torch_version=str(raw["torch_version"]),
+                reason=reason,
+                files={str(f["name"]): int(f["size"]) for f in raw["files"]},
+                time=str(raw["time"]),
+                position={str(k): int(v) for k, v in dict(raw.get("position", {})).items()},
+                job_id=str(raw.get("job_id", "")),
+                attempt=int(raw.get("attempt", 0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{COMMIT_FILE} is malformed: {exc}") from exc
+
+
+def size_mismatches(marker: CommitMarker, actual: Mapping[str, int]) -> list[str]:
+    """Files the marker lists that are missing or have another size (empty list = intact)."""
+    problems = []
+    for name, size in sorted(marker.files.items()):
+        if name not in actual:
+            problems.append(f"{name} is missing")
+        elif actual[name] != size:
+            problems.append(f"{name} has {actual[name]} bytes, expected {size}")
+    return problems
+
+
+@dataclass(frozen=True)
+class StepListing:
+    """What a checkpoint location holds: committed steps and folders cut short."""
+
+    committed: tuple[int, ...]
+    uncommitted: tuple[int, ...]
+
+    @classmethod
+    def of(cls, steps_with_commit: Mapping[int, bool]) -> StepListing:
+        return cls(
+            committed=tuple(sorted(s for s, ok in steps_with_commit.items() if ok)),
+            uncommitted=tuple(sorted(s for s, ok in steps_with_commit.items() if not ok)),
+        )
+
+
+def resume_candidates(listing: StepListing) -> list[int]:
+    """Committed steps, newest first: resume tries them in this order. Torn folders never appear."""
+    return sorted(listing.committed, reverse=True)
+
+
+def steps_to_purge(listing: StepListing, *, keep: int, in_flight: Iterable[int] = ()) -> list[int]:
+    """Folders that may be deleted now.
+
+    The newest ``keep`` (at least two) committed checkpoints stay: the newest could turn out to be
+    unreadable and the previous one is the fallback. Torn folders older than the newest commit are
+    leftovers of interrupted saves and go too; anything newer may still be in flight.
+    """
+    keep = max(2, keep)
+    committed = sorted(listing.committed, reverse=True)
+    if not committed:
+        return []
+    newest = committed[0]
+    busy = set(in_flight)
+    old_commits = committed[keep:]
+    torn = [s for s in listing.uncommitted if s < newest]
+    return sorted(s for s in [*old_commits, *torn] if s not in busy)

@@ -1,0 +1,72 @@
+"""How workers tell the launcher what happened, and the launcher's one exit code.
+
+torchrun exits 1 after a SIGTERM even when every worker saved and exited cleanly, and 1 when a
+worker exits 75 on its own. So the launcher decides from small outcome files that each worker
+writes into GPUJOBS_OUTCOME_DIR just before exiting; a worker that wrote nothing crashed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpujobs_trainer.errors import (
+    CONFIG_ERROR_EXIT_CODE,
+    CRASH_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    SUCCESS_EXIT_CODE,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOutcome:
+    rank: int
+    exit_code: int
+    reason: str  # succeeded | preempted | config-error | failed
+    step: int | None = None
+    message: str = ""
+
+
+def write_outcome(outcome_dir: str, outcome: WorkerOutcome) -> None:
+    if not outcome_dir:
+        return
+    folder = Path(outcome_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".outcome-rank-{outcome.rank:05d}.tmp"
+    tmp.write_text(json.dumps(outcome.__dict__), encoding="utf-8")
+    tmp.replace(folder / f"outcome-rank-{outcome.rank:05d}.json")
+
+
+def read_outcomes(outcome_dir: Path) -> list[WorkerOutcome]:
+    outcomes = []
+    for path in sorted(outcome_dir.glob("outcome-rank-*.json")):
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            outcomes.append(WorkerOutcome(**raw))
+        except (ValueError, TypeError):
+            continue
+    return outcomes
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    exit_code: int
+    reason: str  # succeeded | preempted | config-error | crashed
+
+
+def decide_exit(*, torchrun_code: int, outcomes: list[WorkerOutcome], expected_workers: int) -> JobOutcome:
+    """The launcher's single exit code.
+
+    0 only when torchrun succeeded; 75 only when every local worker reported a committed
+    preemption checkpoint (torchrun's own code is then meaningless); 78 when a worker reported
+    a configuration problem; anything else is a crash (1).
+    """
+    codes = [o.exit_code for o in outcomes]
+    if torchrun_code == SUCCESS_EXIT_CODE and all(c == SUCCESS_EXIT_CODE for c in codes):
+        return JobOutcome(SUCCESS_EXIT_CODE, "succeeded")
+    if len(outcomes) >= expected_workers and all(c == PREEMPTED_EXIT_CODE for c in codes):
+        return JobOutcome(PREEMPTED_EXIT_CODE, "preempted")
+    if CONFIG_ERROR_EXIT_CODE in codes:
+        return JobOutcome(CONFIG_ERROR_EXIT_CODE, "config-error")
+    return JobOutcome(CRASH_EXIT_CODE, "crashed")

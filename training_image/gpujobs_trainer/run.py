@@ -1,0 +1,290 @@
+"""The few calls a training script makes: ``init``, ``resume``, ``step_done``, ``finish``.
+
+``step_done`` is the step boundary where everything happens: the local stop/checkpoint flags and
+rank 0's periodic timer are combined with one all_reduce(MAX), so every rank saves the same step
+and every rank stops at the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gpujobs_trainer.checkpoint import CheckpointManager, TrainingState
+from gpujobs_trainer.config import TrainerConfig
+from gpujobs_trainer.distributed import DistEnv, all_reduce_max, autocast, init_process_group_from_env
+from gpujobs_trainer.errors import (
+    CONFIG_ERROR_EXIT_CODE,
+    CRASH_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    SUCCESS_EXIT_CODE,
+    TrainerError,
+)
+from gpujobs_trainer.events import CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, NullPublisher, Publisher, make_publisher
+from gpujobs_trainer.interruption import ImdsClient, ImdsWatcher, StopFlags, install_signal_handlers
+from gpujobs_trainer.layout import CommitMarker, Reason
+from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
+from gpujobs_trainer.storage import open_store
+
+log = logging.getLogger("gpujobs_trainer")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where training continues: the next step to run and the data position to continue from."""
+
+    step: int
+    epoch: int = 0
+    offset: int = 0
+    checkpoint_uri: str | None = None
+
+
+class Run:
+    """One training attempt of one worker. Create it with :func:`init`."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        config: TrainerConfig,
+        env: DistEnv,
+        samples_per_step: int | None,
+        publisher: Publisher,
+    ) -> None:
+        self.config = config
+        self.env = env
+        self.samples_per_step = samples_per_step
+        self.flags = StopFlags()
+        self.publisher = publisher
+        store = open_store(config.checkpoint_uri, local_dir=config.local_checkpoint_dir)
+        store.check_reachable()
+        self.checkpoints = CheckpointManager(
+            store=store,
+            env=env,
+            state=TrainingState(model, optimizer, scheduler),
+            keep=config.keep_checkpoints,
+            job_id=config.job_id,
+            attempt=config.attempt,
+            on_commit=self._report_commit if env.is_main else None,
+        )
+        install_signal_handlers(self.flags)
+        self.watcher: ImdsWatcher | None = None
+        if env.local_rank == 0 and config.imds_mode != "off":
+            self.watcher = ImdsWatcher(
+                ImdsClient(config.imds_endpoint),
+                self.flags,
+                interval=config.imds_poll_seconds,
+                required=config.imds_mode == "required",
+            )
+            self.watcher.start()
+        self.step = 0
+        self.position: dict[str, int] = {"epoch": 0, "offset": 0}
+        self.preempted = False
+        self.exit_code: int | None = None
+        now = time.monotonic()
+        self._last_periodic = now
+        self._heartbeat_at = (now, 0)
+
+    # ---- the calls a training script makes --------------------------------------------------
+    def resume(self) -> ResumePoint:
+        """Restore the newest committed checkpoint, if any. Fails loudly on an unusable one."""
+        try:
+            marker = self.checkpoints.restore()
+        except TrainerError as exc:
+            _fatal(exc, rank=self.env.rank, outcome_dir=self.config.outcome_dir)
+        if marker is None:
+            log.info("no committed checkpoint at %s: starting at step 0", self.config.checkpoint_uri)
+            return ResumePoint(step=0)
+        self.step = marker.step
+        self.position = dict(marker.position)
+        self._heartbeat_at = (time.monotonic(), marker.step)
+        uri = self.checkpoints.store.step_uri(marker.step)
+        log.info("resumed from %s (step %d, saved %s)", uri, marker.step, marker.reason)
+        return ResumePoint(
+            step=marker.step,
+            epoch=marker.position.get("epoch", 0),
+            offset=marker.position.get("offset", 0),
+            checkpoint_uri=uri,
+        )
+
+    def step_done(self, step: int, *, epoch: int = 0, offset: int = 0) -> bool:
+        """Record that ``step`` steps are complete and the data position to continue from.
+
+        Returns True when training must stop now (preempted: the checkpoint is already
+        committed); the script then calls ``finish()`` and exits with its code.
+        """
+        self.step = step
+        self.position = {"epoch": epoch, "offset": offset}
+        now = time.monotonic()
+        minutes = self.config.checkpoint_every_minutes
+        periodic_due = int(self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60)
+        every = self.config.checkpoint_every_steps
+        preempt, on_demand, periodic = all_reduce_max(
+            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due], self.env.device
+        )
+        if preempt:
+            log.info("stopping at step %d: %s", step, self.flags.preempt_reason or "another rank was told to")
+            self.preempted = True
+            result = self.checkpoints.save(step=step, reason="preempted", position=self.position, blocking=True)
+            self.exit_code = PREEMPTED_EXIT_CODE if result.result().committed else CRASH_EXIT_CODE
+            return True
+        if on_demand:
+            self._save("on-demand")
+        elif periodic or (every > 0 and step % every == 0):
+            self._save("periodic")
+        self._maybe_heartbeat(now)
+        return False
+
+    def checkpoint_now(self) -> None:
+        """Ask for an on-demand checkpoint at the next step boundary (same as SIGUSR1)."""
+        self.flags.request_checkpoint()
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """bf16 autocast on GPU, fp32 on CPU."""
+        with autocast(self.env.device):
+            yield
+
+    def finish(self) -> int:
+        """Final checkpoint (unless preempted), tear down, and return the exit code to use."""
+        if self.exit_code is None or not self.preempted:
+            code = SUCCESS_EXIT_CODE
+            try:
+                self.checkpoints.wait()
+                result = self.checkpoints.save(step=self.step, reason="final", position=self.position, blocking=True)
+                if not result.result().committed:
+                    code = CRASH_EXIT_CODE
+            except Exception as exc:
+                log.error("final checkpoint failed: %s", exc)
+                code = CRASH_EXIT_CODE
+            self.exit_code = code
+        self.checkpoints.close()
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.publisher.close()
+        reason = {SUCCESS_EXIT_CODE: "succeeded", PREEMPTED_EXIT_CODE: "preempted"}.get(self.exit_code, "failed")
+        write_outcome(
+            self.config.outcome_dir,
+            WorkerOutcome(rank=self.env.rank, exit_code=self.exit_code, reason=reason, step=self.step),
+        )
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+        return self.exit_code
+
+    # ---- internals --------------------------------------------------------------------------
+    def _save(self, reason: Reason) -> None:
+        self._last_periodic = time.monotonic()
+        self.checkpoints.save(
+            step=self.step, reason=reason, position=self.position, blocking=not self.config.async_checkpoints
+        )
+
+    def _maybe_heartbeat(self, now: float) -> None:
+        if not self.env.is_main or isinstance(self.publisher, NullPublisher):
+            return
+        since, step_then = self._heartbeat_at
+        elapsed = now - since
+        if elapsed < self.config.heartbeat_seconds or elapsed <= 0:
+            return
+        steps_per_second = (self.step - step_then) / elapsed
+        self._heartbeat_at = (now, self.step)
+        self.publisher.publish(
+            TRAINING_HEARTBEAT,
+            {
+                "job_id": self.config.job_id,
+                "attempt": self.config.attempt,
+                "step": self.step,
+                "steps_per_second": round(steps_per_second, 3),
+                "samples_per_second": (
+                    round(steps_per_second * self.samples_per_step, 3) if self.samples_per_step else None
+                ),
+                "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+        )
+
+    def _report_commit(self, marker: CommitMarker, uri: str) -> None:
+        self.publisher.publish(
+            CHECKPOINT_COMMITTED,
+            {
+                "job_id": self.config.job_id,
+                "attempt": self.config.attempt,
+                "step": marker.step,
+                "uri": uri,
+                "reason": marker.reason,
+            },
+        )
+
+
+def init(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any | None = None,
+    samples_per_step: int | None = None,
+    config: TrainerConfig | None = None,
+) -> Run:
+    """Set up distributed training, checkpointing, interruption handling and reporting.
+
+    ``model`` is the (DDP-wrapped) module being trained; ``samples_per_step`` (global batch) only
+    feeds the heartbeat. A bad environment or checkpoint location exits with code 78 here,
+    naming the problem, before any training step runs.
+    """
+    _configure_logging()
+    rank = int(os.environ.get("RANK", "0") or 0)
+    outcome_dir = os.environ.get("GPUJOBS_OUTCOME_DIR", "")
+    try:
+        config = config or TrainerConfig.from_env()
+        env = init_process_group_from_env(timeout_seconds=config.collective_timeout_seconds)
+        publisher = make_publisher(config.event_bus) if env.is_main else NullPublisher()
+        return Run(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            config=config,
+            env=env,
+            samples_per_step=samples_per_step,
+            publisher=publisher,
+        )
+    except TrainerError as exc:
+        _fatal(exc, rank=rank, outcome_dir=outcome_dir)
+
+
+def setup_distributed() -> DistEnv:
+    """Initialise the process group from the torchrun environment (exit 78 if it is missing)."""
+    _configure_logging()
+    try:
+        return init_process_group_from_env()
+    except TrainerError as exc:
+        _fatal(exc, rank=int(os.environ.get("RANK", "0") or 0), outcome_dir=os.environ.get("GPUJOBS_OUTCOME_DIR", ""))
+
+
+def _fatal(exc: TrainerError, *, rank: int, outcome_dir: str) -> NoReturn:
+    log.error("gpujobs_trainer: %s", exc)
+    write_outcome(
+        outcome_dir, WorkerOutcome(rank=rank, exit_code=CONFIG_ERROR_EXIT_CODE, reason="config-error", message=str(exc))
+    )
+    raise SystemExit(CONFIG_ERROR_EXIT_CODE) from exc
+
+
+def _configure_logging() -> None:
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    rank = os.environ.get("RANK", "?")
+    handler.setFormatter(logging.Formatter(f"[gpujobs rank {rank}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(os.environ.get("GPUJOBS_LOG_LEVEL", "INFO").upper())
+    log.propagate = False
