@@ -16,8 +16,10 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from gpujobs.domain.states import JobState
 from gpujobs.runtime.bootstrap import job_service
+from gpujobs.service.ports import JobNotFoundError
 
 logger = Logger()
 tracer = Tracer()
@@ -29,11 +31,16 @@ _METRIC_FOR_STATE = {JobState.REJECTED: "JobsRejected", JobState.CANCELLED: "Job
 
 @tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
-    outcome = job_service().handle_message(record.body, message_id=record.message_id)
+    try:
+        outcome = job_service().handle_message(record.body, message_id=record.message_id)
+    except JobNotFoundError as exc:  # a cancel naming no job: nothing to retry, say so and consume it
+        logger.warning("cancel for an unknown job", extra={"job_id": exc.job_id, "message_id": record.message_id})
+        metrics.add_metric(name="CancelsForUnknownJobs", unit=MetricUnit.Count, value=1)
+        return
     job = outcome.job
     logger.info(
         "submission handled",
-        extra={"job_id": job.job_id, "state": job.state.value, "created": outcome.created, "detail": job.status_detail},
+        extra={"job_id": job.job_id, "state": job.state.value, "new_job": outcome.created, "detail": job.status_detail},
     )
     if not outcome.created and job.state is not JobState.CANCELLED:
         metrics.add_metric(name="DuplicateSubmissions", unit=MetricUnit.Count, value=1)

@@ -78,7 +78,7 @@ for _tag, _long_name in _SHORT_FORMS.items():
 @cache
 def _load(path: Path) -> dict[str, Any]:
     with path.open(encoding="utf-8") as f:
-        loaded = yaml.load(f, Loader=CloudFormationLoader)  # noqa: S506 - a SafeLoader subclass
+        loaded = yaml.load(f, Loader=CloudFormationLoader)  # a SafeLoader subclass: no arbitrary objects
     if not isinstance(loaded, dict):
         raise TemplateError(f"{path} is not a mapping")
     return loaded
@@ -106,9 +106,7 @@ def properties(logical_id: str) -> dict[str, Any]:
 def resources_of_type(resource_type: str) -> dict[str, dict[str, Any]]:
     """Logical id -> resource, for every resource of one type."""
     return {
-        logical_id: res
-        for logical_id, res in load_template()["Resources"].items()
-        if res.get("Type") == resource_type
+        logical_id: res for logical_id, res in load_template()["Resources"].items() if res.get("Type") == resource_type
     }
 
 
@@ -153,8 +151,7 @@ def table_definition(logical_id: str = "JobsTable", *, table_name: str | None = 
     indexes = props.get("GlobalSecondaryIndexes")
     if indexes:
         kwargs["GlobalSecondaryIndexes"] = [
-            {"IndexName": i["IndexName"], "KeySchema": i["KeySchema"], "Projection": i["Projection"]}
-            for i in indexes
+            {"IndexName": i["IndexName"], "KeySchema": i["KeySchema"], "Projection": i["Projection"]} for i in indexes
         ]
     sse = props.get("SSESpecification")
     if sse:
@@ -215,7 +212,7 @@ def _resolve(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> An
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
-        (key, arg), = value.items()
+        ((key, arg),) = value.items()
         if key == "Ref":
             if arg not in refs:
                 raise TemplateError(f"no test value for Ref {arg!r}")

@@ -13,6 +13,7 @@ Design choices, each from a failure seen or documented (see docs/training.md):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -25,9 +26,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
 from gpujobs_trainer.distributed import DistEnv
@@ -132,13 +135,13 @@ class CheckpointManager:
         if blocking:
             future: Future[SaveResult] = Future()
             try:
-                dcp.save(payload, checkpoint_id=str(folder), process_group=self._group)
+                dcp_save(payload, checkpoint_id=str(folder), process_group=self._group)
                 error = None
             except Exception as exc:  # reported below, collectively, so no rank is left waiting
                 error = exc
             future.set_result(self._complete(step, reason, position, started, error))
             return future
-        dcp_future = dcp.async_save(payload, checkpoint_id=str(folder), process_group=self._group)
+        dcp_future = dcp_async_save(payload, checkpoint_id=str(folder), process_group=self._group)
         self._in_flight = self._executor.submit(self._finish_async, dcp_future, step, reason, position, started)
         return self._in_flight
 
@@ -242,13 +245,13 @@ class CheckpointManager:
         self.wait()
         candidates = self._shared(self._committed_markers)
         for marker in candidates:
-            problem = self._shared_ok(lambda m=marker: self._fetch(m))
+            problem = self._shared_ok(functools.partial(self._fetch, marker))
             if problem:
                 log.warning("skipping checkpoint step %d: %s", marker.step, problem)
                 continue
             folder = self.store.staging_dir(marker.step)
             try:
-                dcp.load({"app": self.state}, checkpoint_id=str(folder), process_group=self._group)
+                dcp_load({"app": self.state}, checkpoint_id=str(folder), process_group=self._group)
             except Exception as exc:
                 raise CheckpointError(
                     f"checkpoint {self.store.step_uri(marker.step)} is committed but corrupt: {exc}"

@@ -21,7 +21,7 @@ from types import FrameType
 
 log = logging.getLogger("gpujobs_trainer")
 
-TOKEN_PATH = "/latest/api/token"
+TOKEN_PATH = "/latest/api/token"  # noqa: S105 (a URL path, not a secret)
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TOKEN_TTL_SECONDS = 21600
@@ -53,10 +53,10 @@ class StopFlags:
 def install_signal_handlers(flags: StopFlags) -> None:
     """SIGTERM -> preempt (final save, exit 75); SIGUSR1 -> checkpoint now and keep training."""
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_term(_signum: int, _frame: FrameType | None) -> None:
         flags.request_preempt("SIGTERM")
 
-    def on_usr1(signum: int, frame: FrameType | None) -> None:
+    def on_usr1(_signum: int, _frame: FrameType | None) -> None:
         flags.request_checkpoint()
 
     signal.signal(signal.SIGTERM, on_term)
@@ -76,7 +76,7 @@ class ImdsClient:
         self._token: str | None = None
 
     def _fetch_token(self) -> str:
-        request = urllib.request.Request(
+        request = urllib.request.Request(  # noqa: S310 (endpoint is http(s) from config)
             self.endpoint + TOKEN_PATH,
             method="PUT",
             headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)},
@@ -92,7 +92,7 @@ class ImdsClient:
         for _ in range(2):
             if self._token is None:
                 self._token = self._fetch_token()
-            request = urllib.request.Request(
+            request = urllib.request.Request(  # noqa: S310
                 self.endpoint + path, headers={"X-aws-ec2-metadata-token": self._token}
             )
             try:

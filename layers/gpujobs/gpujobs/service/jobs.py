@@ -126,8 +126,24 @@ class JobService:
             except ConcurrentUpdateError:
                 continue
             self._publish(job, owned)
-            return self._walk_ladder(owned)
+            try:
+                return self._walk_ladder(owned)
+            except Exception:
+                self._release_lease(owned)
+                raise
         return self.store.get(job_id)
+
+    def _release_lease(self, job: Job) -> None:
+        """After an unexpected error (a throttled RunInstances, say), let the retry take over at once
+        instead of waiting out the lease. Best effort: if this write fails too, the lease expires."""
+        attempt = job.current_attempt
+        if attempt is None:
+            return
+        released = attempt.model_copy(update={"lease_expires_at": self.clock.now()})
+        try:
+            self.store.save(job.with_attempt(released, now=self.clock.now()))
+        except Exception:
+            log.warning("could not release the launch lease of %s", job.job_id, exc_info=True)
 
     def _claim_launch(self, job: Job, now: datetime) -> Job | None:
         attempt = job.current_attempt

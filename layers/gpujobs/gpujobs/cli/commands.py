@@ -1,0 +1,254 @@
+"""What each `gpujobs` command does, once main.py has parsed its arguments.
+
+The CLI never writes a job itself. It validates a spec with the same domain model the control plane
+uses, sends it to the queue, and reads jobs from the table; the submit Lambda is the only writer.
+So that a submission has a known job id before the Lambda has seen it, `submit` always sends a
+client_token and computes the id exactly as the control plane does (`job_id_for`). A submission the
+control plane rejects is recorded under an id derived from the SQS message id instead; `--wait`
+watches both ids, so a rejection on the server (say, an instance type outside the stack's
+allow-list) ends the wait rather than leaving it waiting for a job that will never exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.cli import render
+from gpujobs.cli.resources import QUEUE, TABLE, Resources, discover
+from gpujobs.domain.job import Job, job_id_for
+from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, validate_spec
+from gpujobs.domain.states import ACTIVE_STATES, JobState
+from gpujobs.service.ports import JobNotFoundError, JobStore
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+UNSUCCESSFUL_ENDS = frozenset({JobState.FAILED, JobState.REJECTED, JobState.CANCELLED})
+POLL_SECONDS = 2.0
+sleep: Callable[[float], None] = time.sleep
+"""Replaced in tests, so that waiting loops run without waiting."""
+
+
+class CommandError(Exception):
+    """An expected failure: shown as one line, exits with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---- offline ------------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    label, text = read_source(args.file)
+    try:
+        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"{label}: {problem}")
+        return EXIT_FAILED
+    print(f"ok: {spec.name}")
+    return EXIT_OK
+
+
+def cmd_schema(_args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+# ---- submit -------------------------------------------------------------------------------
+def cmd_submit(args: argparse.Namespace) -> int:
+    label, text = read_source(args.file)
+    try:
+        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types)
+        if args.client_token and spec.client_token and args.client_token != spec.client_token:
+            raise CommandError(
+                f"--client-token {args.client_token!r} conflicts with the spec's client_token {spec.client_token!r}"
+            )
+        document = spec.model_dump(mode="json", exclude_unset=True)
+        document["client_token"] = spec.client_token or args.client_token or uuid.uuid4().hex
+        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types)
+        body = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        if len(body.encode()) > MAX_SPEC_BYTES:
+            raise SpecError([f"(spec): {len(body.encode())} bytes as JSON, more than one SQS message allows"])
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"{label}: {problem}", file=sys.stderr)
+        return EXIT_FAILED
+    token = str(document["client_token"])
+    job_id = job_id_for(client_token=token, team=spec.team, message_id=None)
+    resources = _discover(args, needs=(QUEUE, TABLE) if args.wait else (QUEUE,))
+    sent = resources.client("sqs").send_message(QueueUrl=resources.queue_url, MessageBody=body)
+    message_id = str(sent["MessageId"])
+    result: dict[str, Any] = {
+        "job_id": job_id,
+        "name": spec.name,
+        "team": spec.team,
+        "client_token": token,
+        "message_id": message_id,
+    }
+    if not args.json:
+        print(job_id)
+        print(f"submitted {spec.name!r} (team {spec.team}, client token {token}) as {job_id}", file=sys.stderr)
+    if not args.wait:
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print(f"follow it with: gpujobs status {job_id} --watch", file=sys.stderr)
+        return EXIT_OK
+    rejected_id = job_id_for(client_token=None, team=None, message_id=message_id)
+    job = wait_for(
+        _store(resources),
+        job_id,
+        done=lambda j: j.state is JobState.RUNNING or j.state.is_terminal,
+        also_rejected_as=rejected_id,
+    )
+    if args.json:
+        print(json.dumps({**result, "job": job.model_dump(mode="json")}, indent=2))
+    else:
+        print(render.job_status(job))
+    return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
+
+
+# ---- reading jobs -------------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    store = _store(_discover(args, needs=(TABLE,)))
+    job = _get(store, args.job_id)
+    if not args.watch:
+        print(json.dumps(job.model_dump(mode="json"), indent=2) if args.json else render.job_status(job))
+        return EXIT_OK
+
+    def show(current: Job) -> None:
+        if args.json:
+            print(json.dumps(current.model_dump(mode="json")), flush=True)
+        else:
+            print(render.job_status(current) + "\n", flush=True)
+
+    job = wait_for(store, job.job_id, done=lambda j: j.state.is_terminal, on_change=show, first=job)
+    return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    states = parse_states(args.state)
+    store = _store(_discover(args, needs=(TABLE,)))
+    jobs = [job for state in states for job in store.list_by_state(state, limit=args.limit)]
+    jobs.sort(key=lambda j: j.updated_at, reverse=True)
+    jobs = jobs[: args.limit]
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+    elif jobs:
+        print(render.job_list(jobs))
+    else:
+        print(f"no jobs in {', '.join(s.value for s in states)}")
+    return EXIT_OK
+
+
+def parse_states(requested: Sequence[str] | None) -> list[JobState]:
+    if not requested:
+        return list(ACTIVE_STATES)
+    names = [n.strip().upper() for item in requested for n in item.split(",") if n.strip()]
+    if "ALL" in names:
+        return list(JobState)
+    unknown = sorted({n for n in names if n not in JobState.__members__})
+    if unknown:
+        choices = ", ".join([*(s.value for s in JobState), "all"])
+        raise CommandError(f"unknown state {', '.join(unknown)} (choose from {choices})")
+    return list(dict.fromkeys(JobState(n) for n in names))
+
+
+# ---- cancel -------------------------------------------------------------------------------
+def cmd_cancel(args: argparse.Namespace) -> int:
+    resources = _discover(args, needs=(TABLE, QUEUE))
+    job = _get(_store(resources), args.job_id)
+    if job.state.is_terminal:
+        if args.json:
+            print(json.dumps({"job_id": job.job_id, "state": job.state.value, "cancel_requested": False}))
+        else:
+            print(f"{job.job_id} is already {job.state.value}; nothing to cancel")
+        return EXIT_OK
+    body = json.dumps({"cancel_job_id": job.job_id})
+    resources.client("sqs").send_message(QueueUrl=resources.queue_url, MessageBody=body)
+    if args.json:
+        print(json.dumps({"job_id": job.job_id, "state": job.state.value, "cancel_requested": True}))
+    else:
+        print(f"cancellation requested for {job.job_id} (was {job.state.value})")
+        print(f"follow it with: gpujobs status {job.job_id} --watch", file=sys.stderr)
+    return EXIT_OK
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def read_source(path: str) -> tuple[str, bytes]:
+    """The file's label for messages and its bytes; `-` reads standard input."""
+    if path == "-":
+        return "<stdin>", sys.stdin.buffer.read()
+    try:
+        return path, Path(path).read_bytes()
+    except OSError as exc:
+        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def wait_for(
+    store: JobStore,
+    job_id: str,
+    *,
+    done: Callable[[Job], bool],
+    also_rejected_as: str | None = None,
+    on_change: Callable[[Job], None] | None = None,
+    first: Job | None = None,
+) -> Job:
+    """Poll until `done(job)`; report each change of state on stderr (or through `on_change`)."""
+    seen: object = ()  # no marker yet: the first poll always reports
+    job = first
+    while True:
+        if job is None:
+            try:
+                job = store.get(job_id)
+            except JobNotFoundError:
+                job = _rejected(store, also_rejected_as)
+        marker = (job.version, job.state) if job else None
+        if marker != seen:
+            seen = marker
+            if job is None:
+                print(f"[{_clock()}] {job_id}: waiting for the control plane to record the job", file=sys.stderr)
+            elif on_change is not None:
+                on_change(job)
+            else:
+                print(f"[{_clock()}] {job.job_id}: {job.state.value} ({job.status_detail})", file=sys.stderr)
+        if job is not None and done(job):
+            return job
+        sleep(POLL_SECONDS)
+        job = None
+
+
+def _rejected(store: JobStore, job_id: str | None) -> Job | None:
+    if job_id is None:
+        return None
+    try:
+        job = store.get(job_id)
+    except JobNotFoundError:
+        return None
+    return job if job.state is JobState.REJECTED else None
+
+
+def _clock() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+def _discover(args: argparse.Namespace, *, needs: Sequence[str]) -> Resources:
+    return discover(stack=args.stack, region=args.region, needs=needs)
+
+
+def _store(resources: Resources) -> JobStore:
+    return DynamoJobStore(table_name=resources.table_name, client=resources.client("dynamodb"))
+
+
+def _get(store: JobStore, job_id: str) -> Job:
+    try:
+        return store.get(job_id)
+    except JobNotFoundError:
+        raise CommandError(f"no job {job_id}", EXIT_NOT_FOUND) from None

@@ -1,0 +1,195 @@
+"""gpujobs: submit, watch, list and cancel training jobs, and check job specs offline.
+
+main() parses arguments, runs one command from commands.py and turns every expected failure
+(a missing file, a missing stack, a refused credential, an unreachable endpoint) into one line on
+stderr and an exit code, so a user never reads a traceback for something they can fix:
+0 ok, 1 invalid spec or a job that ended FAILED/REJECTED/CANCELLED while waiting, 2 usage or
+configuration (including AWS access), 3 job not found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from gpujobs.cli import commands
+from gpujobs.cli.resources import DEFAULT_STACK, ConfigError
+
+EPILOG = """\
+examples:
+  gpujobs validate examples/digits.yaml
+  gpujobs submit examples/digits.yaml --wait
+  gpujobs list --state all --limit 20
+  gpujobs status j-0123456789abcdef --watch
+  gpujobs cancel j-0123456789abcdef
+
+The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
+or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
+exit codes: 0 ok, 1 invalid spec or job ended FAILED/REJECTED/CANCELLED, 2 usage or configuration, 3 job not found.
+"""
+
+_COMMANDS = {
+    "validate": (
+        "check a job spec offline",
+        "Validate a JSON or YAML job spec with the control plane's own rules; no AWS call is made.\n"
+        "Prints 'ok: NAME', or one line per problem ('FILE: field: rule') and exits 1.",
+        "examples:\n  gpujobs validate examples/digits.yaml\n"
+        "  gpujobs validate job.json --allowed-instance-types g5.xlarge,g6.xlarge\n  cat job.yaml | gpujobs validate -",
+    ),
+    "submit": (
+        "validate a job spec and send it to the queue",
+        "Validate the spec locally, add a client_token when it has none (so the job id is known\n"
+        "before the control plane records it), send it to the jobs queue and print the job id.\n"
+        "Nothing is sent if the spec is invalid.",
+        "examples:\n  gpujobs submit examples/digits.yaml\n"
+        "  gpujobs submit examples/digits.yaml --wait       # until RUNNING or finished\n"
+        "  gpujobs submit job.json --client-token nightly-2025-06-01 --json",
+    ),
+    "status": (
+        "show one job",
+        "Show a job's state, attempts, failed launch tries and history.",
+        "examples:\n  gpujobs status j-0123456789abcdef\n  gpujobs status j-0123456789abcdef --watch\n"
+        "  gpujobs status j-0123456789abcdef --json | jq .state",
+    ),
+    "list": (
+        "list jobs by state, newest first",
+        "List jobs in the given states (default: the active ones, QUEUED LAUNCHING RUNNING\n"
+        "INTERRUPTED), newest first. Reads the table's ByState index; never scans.",
+        "examples:\n  gpujobs list\n  gpujobs list --state all --limit 100\n  gpujobs list --state FAILED STOPPED --json",
+    ),
+    "cancel": (
+        "request a job's cancellation",
+        "Send a cancel request for a job; its instances are terminated by the control plane.\n"
+        "A job that has already ended is left alone (exit 0).",
+        "examples:\n  gpujobs cancel j-0123456789abcdef\n  gpujobs cancel j-0123456789abcdef --json",
+    ),
+    "schema": (
+        "print the job spec's JSON Schema",
+        "Print the JSON Schema generated from the job spec model (for editors and CI checks).",
+        "examples:\n  gpujobs schema > job-spec.schema.json",
+    ),
+}
+
+
+def _allowed_types(value: str) -> list[str]:
+    types = [t.strip() for t in value.split(",") if t.strip()]
+    if not types:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of instance types")
+    return types
+
+
+def _limit(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if not 1 <= number <= 1000:
+        raise argparse.ArgumentTypeError("must be between 1 and 1000")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Global options are accepted before or after the command; SUPPRESS keeps a subcommand's
+    # unset copy from overwriting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--stack",
+        default=argparse.SUPPRESS,
+        help=f"CloudFormation stack name (default: $GPUJOBS_STACK or {DEFAULT_STACK})",
+    )
+    common.add_argument("--region", default=argparse.SUPPRESS, help="AWS region (default: boto3's configuration)")
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="gpujobs", description=__doc__.splitlines()[0], epilog=EPILOG, formatter_class=raw, parents=[common]
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    made = {}
+    for name, (summary, description, epilog) in _COMMANDS.items():
+        made[name] = sub.add_parser(
+            name, help=summary, description=description, epilog=epilog, formatter_class=raw, parents=[common]
+        )
+    for name in ("validate", "submit"):
+        made[name].add_argument("file", metavar="FILE", help="job spec, JSON or YAML ('-' for standard input)")
+        made[name].add_argument(
+            "--allowed-instance-types",
+            type=_allowed_types,
+            metavar="A,B",
+            help="also check instance_types against this allow-list (the stack's AllowedInstanceTypes)",
+        )
+    made["submit"].add_argument("--wait", action="store_true", help="poll every 2 s until RUNNING or finished")
+    made["submit"].add_argument("--client-token", metavar="T", help="idempotency token (default: the spec's, or new)")
+    for name in ("status", "cancel"):
+        made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
+    made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
+    made["list"].add_argument(
+        "--state",
+        action="extend",
+        nargs="+",
+        metavar="S",
+        help="states to list (repeatable or comma-separated); 'all' for every state",
+    )
+    made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
+    for name in ("submit", "status", "list", "cancel"):
+        made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
+    handlers = {
+        "validate": commands.cmd_validate,
+        "submit": commands.cmd_submit,
+        "status": commands.cmd_status,
+        "list": commands.cmd_list,
+        "cancel": commands.cmd_cancel,
+        "schema": commands.cmd_schema,
+    }
+    for name, handler in handlers.items():
+        made[name].set_defaults(handler=handler)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) and usage errors (2): argparse has printed already
+        return exc.code if isinstance(exc.code, int) else commands.EXIT_USAGE
+    args.stack = getattr(args, "stack", None) or os.environ.get("GPUJOBS_STACK") or DEFAULT_STACK
+    args.region = getattr(args, "region", None)
+    try:
+        code: int = args.handler(args)
+    except commands.CommandError as exc:
+        return _fail(str(exc), exc.code)
+    except ConfigError as exc:
+        return _fail(str(exc), commands.EXIT_USAGE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as exc:
+        message = _aws_problem(exc)
+        if message is None:
+            raise
+        return _fail(message, commands.EXIT_USAGE)
+    return code
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"gpujobs: {message}", file=sys.stderr)
+    return code
+
+
+def _aws_problem(exc: Exception) -> str | None:
+    """One line for an AWS failure (credentials, region, endpoint, a refused call); None otherwise."""
+    botocore_exceptions = sys.modules.get("botocore.exceptions")
+    if botocore_exceptions is None:
+        return None
+    if isinstance(exc, botocore_exceptions.NoRegionError):
+        return "no AWS region configured: pass --region or set AWS_REGION"
+    if isinstance(exc, botocore_exceptions.NoCredentialsError | botocore_exceptions.PartialCredentialsError):
+        return f"{exc}: configure AWS credentials (AWS_PROFILE, aws sso login, or AWS_ACCESS_KEY_ID)"
+    if isinstance(exc, botocore_exceptions.EndpointConnectionError):
+        return f"{exc} (check AWS_ENDPOINT_URL and the network)"
+    if isinstance(exc, botocore_exceptions.ClientError | botocore_exceptions.BotoCoreError):
+        return " ".join(str(exc).split())
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

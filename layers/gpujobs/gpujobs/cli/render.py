@@ -1,0 +1,127 @@
+"""Text views of jobs for people: the `status` page and the `list` table.
+
+Pure functions from Job to str, so that they are tested without AWS and the commands only decide
+what to fetch and where to print. Times are shown in UTC; `--json` is the exact, machine form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from gpujobs.domain.job import Job
+
+DETAIL_WIDTH = 48
+
+
+def when(moment: datetime | None) -> str:
+    if moment is None:
+        return "-"
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [headers, *rows]]
+    return "\n".join(lines)
+
+
+def truncate(text: str, width: int = DETAIL_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _opt(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def job_status(job: Job) -> str:
+    """The `gpujobs status` page."""
+    lines = [
+        f"job       {job.job_id}",
+        f"name      {job.name or '-'}",
+        f"team      {job.team}",
+        f"state     {job.state.value}",
+        f"detail    {job.status_detail or '-'}",
+        f"created   {when(job.created_at)}",
+        f"updated   {when(job.updated_at)}",
+    ]
+    if job.spec is not None:
+        spec = job.spec
+        lines.append(
+            f"spec      {spec.nodes} x {spec.gpus_per_node} GPU on {', '.join(spec.instance_types)}"
+            f" ({spec.capacity.value})"
+        )
+    if job.checkpoint_step is not None:
+        lines.append(f"resumes   from checkpoint step {job.checkpoint_step}")
+    if job.interruptions or job.crashes:
+        lines.append(f"counts    {job.interruptions} interruption(s), {job.crashes} crash(es)")
+    if job.next_try_at is not None:
+        lines.append(f"next try  {when(job.next_try_at)}")
+    if job.hold_reason:
+        lines.append(f"held      {job.hold_reason}")
+    if job.problems:
+        lines += ["", "problems:", *(f"  {p}" for p in job.problems)]
+    if job.attempts:
+        rows = [
+            [
+                str(a.number),
+                _opt(a.instance_type),
+                _opt(a.zone),
+                _opt(a.market.value if a.market else None),
+                ",".join(a.instance_ids) or "-",
+                when(a.started_at),
+                when(a.ended_at),
+                _opt(a.end_reason),
+                _opt(a.checkpoint_step),
+            ]
+            for a in job.attempts
+        ]
+        headers = ["#", "TYPE", "ZONE", "MARKET", "INSTANCES", "STARTED", "ENDED", "END REASON", "CKPT STEP"]
+        lines += ["", "attempts:", _indent(table(headers, rows))]
+    tries = [(a.number, t) for a in job.attempts for t in a.tries]
+    if tries:
+        rows = [
+            [str(n), when(t.at), t.instance_type, t.zone, t.market.value, t.error_code, truncate(t.message, 60)]
+            for n, t in tries
+        ]
+        headers = ["#", "AT", "TYPE", "ZONE", "MARKET", "ERROR", "MESSAGE"]
+        lines += ["", "failed launch tries:", _indent(table(headers, rows))]
+    if job.history:
+        rows = [
+            [
+                when(h.at),
+                h.source.value if h.source else "(new)",
+                h.target.value,
+                h.reason.value,
+                _opt(h.attempt),
+                truncate(h.detail, 60) or "-",
+            ]
+            for h in job.history
+        ]
+        headers = ["AT", "FROM", "TO", "REASON", "ATTEMPT", "DETAIL"]
+        lines += ["", "history:", _indent(table(headers, rows))]
+    return "\n".join(lines)
+
+
+def job_list(jobs: Sequence[Job]) -> str:
+    """The `gpujobs list` table."""
+    rows = [
+        [
+            j.job_id,
+            j.name or "-",
+            j.team,
+            j.state.value,
+            str(len(j.attempts)) if j.attempts else "-",
+            when(j.updated_at),
+            truncate(j.status_detail) or "-",
+        ]
+        for j in jobs
+    ]
+    return table(["JOB ID", "NAME", "TEAM", "STATE", "ATTEMPT", "UPDATED", "DETAIL"], rows)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

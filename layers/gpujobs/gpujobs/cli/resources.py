@@ -1,0 +1,104 @@
+"""Where the stack's queue and table are: CloudFormation outputs, unless the environment says.
+
+The CLI needs only two things from a deployment, the jobs queue and the jobs table. Reading them
+from the stack's outputs means a user types `gpujobs list` and nothing else; the `GPUJOBS_*`
+overrides exist for a stack deployed under other names and for local clouds without CloudFormation,
+and when every resource a command needs is overridden, CloudFormation is not called at all.
+boto3 is imported here, lazily, so that `validate` and `schema` start without it; the endpoint
+(`AWS_ENDPOINT_URL`), region and credentials are boto3's own configuration chain.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_STACK = "gpujobs"
+
+QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
+_OUTPUT_KEYS = {
+    QUEUE: "JobsQueueUrl",
+    TABLE: "JobsTableName",
+    EVENT_BUS: "EventBusName",
+    BUCKET: "CheckpointBucketName",
+}
+_ENV_OVERRIDES = {QUEUE: "GPUJOBS_QUEUE_URL", TABLE: "GPUJOBS_TABLE", EVENT_BUS: "GPUJOBS_EVENT_BUS"}
+OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
+
+
+class ConfigError(Exception):
+    """The CLI cannot find or reach what it needs; the message is one line for the user."""
+
+
+@dataclass
+class Resources:
+    """The stack's resources as the CLI needs them, with boto3 clients created on first use."""
+
+    stack: str
+    region: str | None
+    values: dict[str, str] = field(default_factory=dict)
+    _session: Any = None
+    _clients: dict[str, Any] = field(default_factory=dict)
+
+    def client(self, service: str) -> Any:
+        if service not in self._clients:
+            if self._session is None:
+                import boto3
+
+                self._session = boto3.session.Session(region_name=self.region)
+            self._clients[service] = self._session.client(service)
+        return self._clients[service]
+
+    @property
+    def queue_url(self) -> str:
+        return self.values[QUEUE]
+
+    @property
+    def table_name(self) -> str:
+        return self.values[TABLE]
+
+
+def discover(
+    *,
+    stack: str,
+    region: str | None,
+    needs: Collection[str],
+    env: Mapping[str, str] | None = None,
+) -> Resources:
+    """Resolve `needs` (QUEUE, TABLE, ...) from env overrides, then from the stack's outputs."""
+    env = os.environ if env is None else env
+    found = Resources(stack=stack, region=region)
+    for name, variable in _ENV_OVERRIDES.items():
+        if env.get(variable):
+            found.values[name] = env[variable]
+    missing = [n for n in needs if n not in found.values]
+    if not missing:
+        return found
+    outputs = _stack_outputs(found)
+    for name in missing:
+        key = _OUTPUT_KEYS[name]
+        if key not in outputs:
+            raise ConfigError(f"stack {stack!r} has no output {key}; deploy the current template or {OVERRIDE_HINT}")
+        found.values[name] = outputs[key]
+    return found
+
+
+def _stack_outputs(resources: Resources) -> dict[str, str]:
+    from botocore.exceptions import ClientError
+
+    cloudformation = resources.client("cloudformation")
+    try:
+        stacks = cloudformation.describe_stacks(StackName=resources.stack)["Stacks"]
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") == "ValidationError" and "does not exist" in str(error.get("Message", "")):
+            where = f" in {cloudformation.meta.region_name}"
+            raise ConfigError(
+                f"stack {resources.stack!r} not found{where}; pass --stack NAME (or GPUJOBS_STACK), or {OVERRIDE_HINT}"
+            ) from None
+        raise
+    if not stacks:
+        raise ConfigError(f"stack {resources.stack!r} not found; {OVERRIDE_HINT}")
+    return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", []) if "OutputValue" in o}

@@ -1,0 +1,193 @@
+"""The gpujobs stack on moto, built from template.yaml's own definitions, plus an SQS event source.
+
+`MotoStack` creates what `sam deploy` would (table, queue + DLQ, bucket, bus, launch template, a VPC
+with two subnets) and sets the environment the template gives the functions. `deliver()` plays the
+part of Lambda's SQS event source mapping: it receives messages, invokes the real handler with the
+Lambda event shape, deletes what succeeded and leaves reported failures to come back after their
+visibility timeout, until the queue's redrive policy moves them to the dead-letter queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+from botocore.awsrequest import AWSResponse
+
+from tests.integration import template
+
+REGION = "us-east-1"
+STACK = "gpujobs-test"
+ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
+
+
+@dataclass
+class LambdaContext:
+    function_name: str = "gpujobs-test-SubmitFunction"
+    memory_limit_in_mb: int = 512
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:123456789012:function:gpujobs-test-SubmitFunction"
+    aws_request_id: str = "req-1"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+@dataclass
+class MotoStack:
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        boto3.setup_default_session()
+        # moto gap: CreatePlacementGroup is not implemented. Answer it here, as EC2 would.
+        self.on_aws("before-call.ec2.CreatePlacementGroup", _placement_group_created)
+        self.ec2 = boto3.client("ec2", region_name=REGION)
+        self.sqs = boto3.client("sqs", region_name=REGION)
+        self.ddb = boto3.client("dynamodb", region_name=REGION)
+        self.events = boto3.client("events", region_name=REGION)
+        self.s3 = boto3.client("s3", region_name=REGION)
+
+        vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        self.subnets = [
+            self.ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{i}.0/24", AvailabilityZone=f"{REGION}{z}")["Subnet"][
+                "SubnetId"
+            ]
+            for i, z in enumerate("ab")
+        ]
+        self.security_group = self.ec2.create_security_group(GroupName="gpujobs", Description="gpujobs", VpcId=vpc)[
+            "GroupId"
+        ]
+        image = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        self.launch_template = self.ec2.create_launch_template(
+            LaunchTemplateName=f"{STACK}-instances",
+            LaunchTemplateData=template.launch_template_data(
+                image_id=image,
+                instance_profile_arn="arn:aws:iam::123456789012:instance-profile/gpujobs-test",
+                stack_name=STACK,
+            ),
+        )["LaunchTemplate"]["LaunchTemplateId"]
+
+        self.table = f"{STACK}-jobs"
+        self.ddb.create_table(**template.table_definition(table_name=self.table))
+
+        dlq = self.sqs.create_queue(QueueName=f"{STACK}-dlq")["QueueUrl"]
+        self.dlq_url = dlq
+        dlq_arn = self.sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        self.queue_url = self.sqs.create_queue(
+            QueueName=f"{STACK}-jobs", Attributes=template.queue_attributes(dead_letter_arn=dlq_arn)
+        )["QueueUrl"]
+
+        self.bucket = f"{STACK}-checkpoints"
+        self.s3.create_bucket(Bucket=self.bucket)
+        self.bus = f"{STACK}-jobs"
+        self.events.create_event_bus(Name=self.bus)
+        # Capture what the control plane publishes, as a subscriber would.
+        self.events_queue = self.sqs.create_queue(QueueName=f"{STACK}-observed")["QueueUrl"]
+        observed_arn = self.sqs.get_queue_attributes(QueueUrl=self.events_queue, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        self.events.put_rule(
+            Name="all-state-changes", EventBusName=self.bus, EventPattern=json.dumps({"source": ["gpujobs"]})
+        )
+        self.events.put_targets(
+            Rule="all-state-changes", EventBusName=self.bus, Targets=[{"Id": "q", "Arn": observed_arn}]
+        )
+
+        self.env = {
+            "JOBS_TABLE": self.table,
+            "EVENT_BUS_NAME": self.bus,
+            "CHECKPOINT_BUCKET": self.bucket,
+            "JOBS_QUEUE_URL": self.queue_url,
+            "LAUNCH_TEMPLATE_ID": self.launch_template,
+            "SECURITY_GROUP_ID": self.security_group,
+            "SUBNET_IDS": ",".join(self.subnets),
+            "ALLOWED_INSTANCE_TYPES": ",".join(ALLOWED),
+            "GPUJOBS_STACK_NAME": STACK,
+            "AWS_REGION": REGION,
+        }
+
+    def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
+        """Register a botocore hook for every client the code under test creates from now on."""
+        boto3.DEFAULT_SESSION.events.register(event, hook)  # type: ignore[union-attr]
+
+    # ---- the event source mapping --------------------------------------------------------
+    def send(self, body: str | dict[str, Any]) -> str:
+        text = body if isinstance(body, str) else json.dumps(body)
+        return str(self.sqs.send_message(QueueUrl=self.queue_url, MessageBody=text)["MessageId"])
+
+    def deliver(self, handler: Callable[[dict[str, Any], Any], Any], *, rounds: int = 1) -> list[dict[str, Any]]:
+        """Up to `rounds` receive/invoke cycles; returns each invocation's response."""
+        responses = []
+        for _ in range(rounds):
+            messages = self.sqs.receive_message(
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=10,
+                VisibilityTimeout=0,
+                AttributeNames=["All"],
+            ).get("Messages", [])
+            if not messages:
+                break
+            try:
+                response = handler(self.sqs_event(messages), LambdaContext()) or {"batchItemFailures": []}
+            except Exception:
+                response = {"batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]}
+            responses.append(response)
+            failed = {f["itemIdentifier"] for f in response["batchItemFailures"]}
+            for message in messages:
+                if message["MessageId"] not in failed:
+                    self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
+        return responses
+
+    def sqs_event(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        return {
+            "Records": [
+                {
+                    "messageId": m["MessageId"],
+                    "receiptHandle": m["ReceiptHandle"],
+                    "body": m["Body"],
+                    "attributes": m.get("Attributes", {}),
+                    "messageAttributes": {},
+                    "md5OfBody": m["MD5OfBody"],
+                    "eventSource": "aws:sqs",
+                    "eventSourceARN": arn,
+                    "awsRegion": REGION,
+                }
+                for m in messages
+            ]
+        }
+
+    # ---- what a user would look at ---------------------------------------------------------
+    def instances(self, **filters: str) -> list[dict[str, Any]]:
+        flt = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+        flt += [{"Name": f"tag:{k}", "Values": [v]} for k, v in filters.items()]
+        pages = self.ec2.describe_instances(Filters=flt)["Reservations"]
+        return [i for r in pages for i in r["Instances"]]
+
+    def user_data(self, instance_id: str) -> bytes:
+        value = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
+        raw = base64.b64decode(value)
+        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        return list(self.sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10).get("Messages", []))
+
+    def observed_events(self) -> list[dict[str, Any]]:
+        seen = []
+        while True:
+            batch = self.sqs.receive_message(QueueUrl=self.events_queue, MaxNumberOfMessages=10).get("Messages", [])
+            if not batch:
+                return seen
+            for m in batch:
+                seen.append(json.loads(m["Body"]))
+                self.sqs.delete_message(QueueUrl=self.events_queue, ReceiptHandle=m["ReceiptHandle"])
+
+
+def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
+    return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}

@@ -1,0 +1,394 @@
+"""What template.yaml promises: a lint-clean stack whose defaults are the secure ones.
+
+The first group reads the template as data and checks the properties an operator relies on (IMDSv2,
+encryption, no public IPs, tag-scoped IAM). The second group, marked ``integration``, builds moto
+resources from the template's own definitions, so the fakes other tests use cannot drift from the
+stack. What moto cannot check (IAM conditions are not evaluated) is covered by the first group only
+as a shape check; docs/deploy.md says how to verify it against real IAM.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from .template import (
+    TEMPLATE_PATH,
+    as_list,
+    function_properties,
+    launch_template_data,
+    load_template,
+    policy_statements,
+    properties,
+    queue_attributes,
+    queue_dead_letter_logical_id,
+    queue_redrive_max_receive_count,
+    queue_visibility_timeout,
+    resource,
+    resources_of_type,
+    table_definition,
+    table_index_names,
+)
+
+STACK = "gpujobs-test"
+TAG_KEYS_THE_LAUNCHER_WRITES = {"gpujobs:stack", "gpujobs:job-id", "gpujobs:attempt", "gpujobs:team", "Name"}
+ENV_THE_SETTINGS_READ = {
+    "JOBS_TABLE",
+    "EVENT_BUS_NAME",
+    "CHECKPOINT_BUCKET",
+    "JOBS_QUEUE_URL",
+    "LAUNCH_TEMPLATE_ID",
+    "SECURITY_GROUP_ID",
+    "SUBNET_IDS",
+    "ALLOWED_INSTANCE_TYPES",
+    "GPUJOBS_STACK_NAME",
+}
+OUTPUTS_THE_CLI_READS = {
+    "JobsQueueUrl",
+    "JobsDeadLetterQueueUrl",
+    "JobsTableName",
+    "EventBusName",
+    "CheckpointBucketName",
+    "LaunchTemplateId",
+    "InstanceRoleArn",
+    "SubmitFunctionName",
+}
+
+
+def _walk(value: Any) -> Iterator[tuple[str, Any]]:
+    """Every (key, value) pair anywhere in a nested structure."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key, item
+            yield from _walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item)
+
+
+def _all_statements() -> list[tuple[str, dict[str, Any]]]:
+    owners = {**resources_of_type("AWS::Serverless::Function"), **resources_of_type("AWS::IAM::Role")}
+    return [(logical_id, s) for logical_id in owners for s in policy_statements(logical_id)]
+
+
+def _resources_text(statement: dict[str, Any]) -> str:
+    return repr(as_list(statement.get("Resource", [])))
+
+
+# --------------------------------------------------------------------------------------- lint
+def test_cfn_lint_reports_no_errors_and_no_warnings() -> None:
+    cfn_lint = Path(sys.executable).parent / "cfn-lint"
+    result = subprocess.run(
+        [str(cfn_lint), str(TEMPLATE_PATH)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------- instances
+def test_launch_template_requires_imdsv2_with_a_hop_limit_of_2_for_containers() -> None:
+    metadata = properties("InstanceLaunchTemplate")["LaunchTemplateData"]["MetadataOptions"]
+
+    assert metadata["HttpTokens"] == "required"
+    assert metadata["HttpEndpoint"] == "enabled"
+    assert metadata["HttpPutResponseHopLimit"] == 2
+
+
+def test_root_volume_is_encrypted_gp3_and_goes_away_with_the_instance() -> None:
+    data = properties("InstanceLaunchTemplate")["LaunchTemplateData"]
+    (root,) = data["BlockDeviceMappings"]
+
+    assert root["DeviceName"] == "/dev/sda1"
+    assert root["Ebs"] == {
+        "VolumeType": "gp3",
+        "VolumeSize": {"Ref": "RootVolumeGiB"},
+        "Encrypted": True,
+        "DeleteOnTermination": True,
+    }
+    assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
+
+
+def test_instances_get_no_ssh_key_and_no_public_ip_anywhere_in_the_stack() -> None:
+    template = load_template()
+    pairs = list(_walk(template["Resources"]))
+
+    assert not [v for k, v in pairs if k == "KeyName"]
+    assert not [v for k, v in pairs if k in {"AssociatePublicIpAddress", "MapPublicIpOnLaunch"} and v is not False]
+    assert "NetworkInterfaces" not in properties("InstanceLaunchTemplate")["LaunchTemplateData"]
+
+
+def test_launch_template_tags_instances_and_volumes_with_the_stack() -> None:
+    specs = properties("InstanceLaunchTemplate")["LaunchTemplateData"]["TagSpecifications"]
+
+    tagged = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]} for s in specs}
+    assert tagged == {
+        "instance": {"gpujobs:stack": {"Ref": "AWS::StackName"}},
+        "volume": {"gpujobs:stack": {"Ref": "AWS::StackName"}},
+    }
+
+
+def test_image_is_resolved_from_an_ssm_parameter_at_launch() -> None:
+    data = properties("InstanceLaunchTemplate")["LaunchTemplateData"]
+
+    assert data["ImageId"] == {"Fn::Sub": "resolve:ssm:${AmiParameter}"}
+
+
+def test_security_group_admits_only_its_own_members() -> None:
+    group = properties("InstanceSecurityGroup")
+    ingress = resources_of_type("AWS::EC2::SecurityGroupIngress")
+
+    assert "SecurityGroupIngress" not in group
+    assert list(ingress) == ["InstanceSecurityGroupSelfIngress"]
+    rule = ingress["InstanceSecurityGroupSelfIngress"]["Properties"]
+    assert rule["SourceSecurityGroupId"] == rule["GroupId"] == {"Fn::GetAtt": ["InstanceSecurityGroup", "GroupId"]}
+    assert not [k for k in rule if k.startswith("CidrIp")]
+
+
+# ---------------------------------------------------------------------------- functions
+def test_every_function_runs_python312_on_arm64_with_the_shared_layer() -> None:
+    functions = resources_of_type("AWS::Serverless::Function")
+
+    assert functions, "template.yaml has no functions"
+    for logical_id in functions:
+        props = function_properties(logical_id)
+        assert props["Runtime"] == "python3.12", logical_id
+        assert props["Architectures"] == ["arm64"], logical_id
+        assert {"Ref": "GpujobsLayer"} in props["Layers"], logical_id
+        assert props["Tracing"] == "Active", logical_id
+
+
+def test_every_function_gets_the_settings_and_powertools_environment() -> None:
+    for logical_id in resources_of_type("AWS::Serverless::Function"):
+        variables = function_properties(logical_id)["Environment"]["Variables"]
+
+        assert set(variables) >= ENV_THE_SETTINGS_READ, logical_id
+        assert variables["POWERTOOLS_SERVICE_NAME"] == "gpujobs"
+        assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "GpuJobs"
+
+
+def test_layer_is_built_for_python312_on_arm64() -> None:
+    layer = resource("GpujobsLayer")
+
+    assert layer["Type"] == "AWS::Serverless::LayerVersion"
+    assert layer["Properties"]["ContentUri"] == "layers/gpujobs/"
+    assert layer["Properties"]["CompatibleRuntimes"] == ["python3.12"]
+    assert layer["Properties"]["CompatibleArchitectures"] == ["arm64"]
+    assert layer["Metadata"] == {"BuildMethod": "python3.12", "BuildArchitecture": "arm64"}
+
+
+def test_submit_function_reports_partial_batch_failures_in_batches_of_10() -> None:
+    props = function_properties("SubmitFunction")
+    (event,) = props["Events"].values()
+
+    assert (props["CodeUri"], props["Handler"]) == ("functions/submit/", "app.handler")
+    assert event["Type"] == "SQS"
+    assert event["Properties"]["Queue"] == {"Fn::GetAtt": ["JobsQueue", "Arn"]}
+    assert event["Properties"]["BatchSize"] == 10
+    assert event["Properties"]["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+
+
+# ------------------------------------------------------------------------------- queue
+def test_queue_hides_a_message_for_at_least_six_function_timeouts() -> None:
+    timeout = function_properties("SubmitFunction")["Timeout"]
+
+    assert queue_visibility_timeout("JobsQueue") >= 6 * timeout
+    assert "FifoQueue" not in properties("JobsQueue")
+
+
+def test_a_message_failing_5_times_lands_in_an_encrypted_dlq_that_raises_an_alarm() -> None:
+    dlq = queue_dead_letter_logical_id("JobsQueue")
+    alarm = properties("JobsDeadLetterAlarm")
+
+    assert queue_redrive_max_receive_count("JobsQueue") == 5
+    assert dlq == "JobsDeadLetterQueue"
+    assert properties(dlq)["MessageRetentionPeriod"] == 14 * 24 * 3600
+    assert properties("JobsQueue")["SqsManagedSseEnabled"] is True
+    assert properties(dlq)["SqsManagedSseEnabled"] is True
+    assert alarm["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    assert alarm["Dimensions"] == [{"Name": "QueueName", "Value": {"Fn::GetAtt": [dlq, "QueueName"]}}]
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 0)
+
+
+# ------------------------------------------------------------------------------- state
+def test_table_has_point_in_time_recovery_encryption_and_both_indexes() -> None:
+    table = resource("JobsTable")
+
+    assert table["Type"] == "AWS::DynamoDB::Table"
+    assert table["Properties"]["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert table["Properties"]["SSESpecification"] == {"SSEEnabled": True}
+    assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert table_index_names() == ["ByState", "ByInstance"]
+
+
+def test_checkpoint_bucket_is_private_encrypted_and_tls_only() -> None:
+    bucket = properties("CheckpointBucket")
+    (policy,) = resources_of_type("AWS::S3::BucketPolicy").values()
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+
+    assert set(bucket["PublicAccessBlockConfiguration"].values()) == {True}
+    assert len(bucket["PublicAccessBlockConfiguration"]) == 4
+    assert bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert policy["Properties"]["Bucket"] == {"Ref": "CheckpointBucket"}
+    assert any(
+        s["Effect"] == "Deny" and s["Principal"] == "*" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        for s in statements
+    )
+
+
+def test_checkpoints_under_jobs_expire_after_the_retention_parameter() -> None:
+    (rule,) = properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"]
+
+    assert rule["Status"] == "Enabled"
+    assert rule["Prefix"] == "jobs/"
+    assert rule["ExpirationInDays"] == {"Ref": "CheckpointRetentionDays"}
+    assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] == {"Ref": "CheckpointRetentionDays"}
+
+
+def test_outputs_include_everything_the_cli_reads() -> None:
+    assert set(load_template()["Outputs"]) >= OUTPUTS_THE_CLI_READS
+
+
+# --------------------------------------------------------------------------------- IAM
+def test_every_mutating_ec2_statement_is_scoped_by_the_stack_tag() -> None:
+    checked = 0
+    for logical_id, statement in _all_statements():
+        actions = set(as_list(statement.get("Action", [])))
+        condition = statement.get("Condition", {})
+        if actions & {"ec2:TerminateInstances", "ec2:StopInstances"}:
+            checked += 1
+            assert "aws:ResourceTag/gpujobs:stack" in condition.get("StringEquals", {}), (logical_id, statement)
+        if "ec2:RunInstances" in actions and ":instance/*" in _resources_text(statement):
+            checked += 1
+            assert condition["StringEquals"]["aws:RequestTag/gpujobs:stack"] == {"Ref": "AWS::StackName"}
+            assert set(condition["ForAllValues:StringEquals"]["aws:TagKeys"]) == TAG_KEYS_THE_LAUNCHER_WRITES
+        if "ec2:RunInstances" in actions and not condition:
+            assert not any(f":{r}/" in _resources_text(statement) for r in ("instance", "volume")), statement
+        if "ec2:CreateTags" in actions:
+            checked += 1
+            assert "ec2:CreateAction" in condition["StringEquals"], (logical_id, statement)
+    assert checked >= 3
+
+
+def test_pass_role_is_limited_to_the_instance_role_and_to_ec2() -> None:
+    passes = [(lid, s) for lid, s in _all_statements() if "iam:PassRole" in as_list(s.get("Action", []))]
+
+    assert passes
+    for logical_id, statement in passes:
+        assert statement["Resource"] == {"Fn::GetAtt": ["InstanceRole", "Arn"]}, logical_id
+        assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+
+
+def test_no_statement_grants_every_action_of_a_service() -> None:
+    for logical_id, statement in _all_statements():
+        for action in as_list(statement.get("Action", [])):
+            assert not str(action).endswith(":*"), (logical_id, statement)
+
+
+# ------------------------------------------------------------------------- moto (integration)
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        yield
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("aws")
+def test_a_table_built_from_the_template_answers_queries_on_both_indexes() -> None:
+    # Given a table created from template.yaml's own definition
+    dynamodb = boto3.client("dynamodb", region_name="us-east-1")
+    dynamodb.create_table(TableName="jobs", **table_definition())
+    # When a job attempt is written
+    dynamodb.put_item(
+        TableName="jobs",
+        Item={
+            "pk": {"S": "JOB#j-1"},
+            "sk": {"S": "ATTEMPT#1"},
+            "state": {"S": "RUNNING"},
+            "updated_at": {"S": "2026-11-29T12:00:00Z"},
+            "instance_id": {"S": "i-0abc1234def567890"},
+        },
+    )
+    # Then it is found by state (newest first) and by instance
+    by_state = dynamodb.query(
+        TableName="jobs",
+        IndexName="ByState",
+        KeyConditionExpression="#s = :s AND updated_at > :t",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues={":s": {"S": "RUNNING"}, ":t": {"S": "2026-01-01"}},
+        ScanIndexForward=False,
+    )
+    by_instance = dynamodb.query(
+        TableName="jobs",
+        IndexName="ByInstance",
+        KeyConditionExpression="instance_id = :i",
+        ExpressionAttributeValues={":i": {"S": "i-0abc1234def567890"}},
+    )
+    assert [i["pk"]["S"] for i in by_state["Items"]] == ["JOB#j-1"]
+    assert [i["sk"]["S"] for i in by_instance["Items"]] == ["ATTEMPT#1"]
+    described = dynamodb.describe_table(TableName="jobs")["Table"]
+    assert described["SSEDescription"]["Status"] == "ENABLED"
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("aws")
+def test_an_instance_launched_from_the_template_data_has_imdsv2_and_the_stack_tag() -> None:
+    # Given the launch template created from template.yaml's data
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    image_id = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    data = launch_template_data(
+        image_id=image_id,
+        instance_profile_arn="arn:aws:iam::123456789012:instance-profile/gpujobs-test",
+        stack_name=STACK,
+    )
+    template_id = ec2.create_launch_template(LaunchTemplateName="gpujobs", LaunchTemplateData=data)["LaunchTemplate"][
+        "LaunchTemplateId"
+    ]
+    # When an instance is launched from it, the way the launcher does
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    (instance,) = ec2.run_instances(
+        LaunchTemplate={"LaunchTemplateId": template_id},
+        InstanceType="g5.xlarge",
+        MinCount=1,
+        MaxCount=1,
+        NetworkInterfaces=[{"DeviceIndex": 0, "SubnetId": subnet, "AssociatePublicIpAddress": False}],
+    )["Instances"]
+    # Then it carries the template's settings
+    stored = ec2.describe_launch_template_versions(LaunchTemplateId=template_id)["LaunchTemplateVersions"][0]
+    assert stored["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] == "required"
+    assert stored["LaunchTemplateData"]["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 200
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+    assert tags.get("gpujobs:stack") == STACK
+    assert "KeyName" not in instance
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("aws")
+def test_a_queue_built_from_the_template_moves_a_poison_message_to_the_dlq() -> None:
+    # Given the jobs queue and its DLQ created from template.yaml
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    dlq_url = sqs.create_queue(QueueName="dlq", Attributes=queue_attributes("JobsDeadLetterQueue"))["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    url = sqs.create_queue(QueueName="jobs", Attributes=queue_attributes("JobsQueue", dead_letter_arn=dlq_arn))[
+        "QueueUrl"
+    ]
+    sqs.send_message(QueueUrl=url, MessageBody="{not json")
+    # When the function fails it more often than the redrive policy allows
+    for _ in range(queue_redrive_max_receive_count() + 1):
+        for message in sqs.receive_message(QueueUrl=url, VisibilityTimeout=0).get("Messages", []):
+            sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+    sqs.receive_message(QueueUrl=url, VisibilityTimeout=0)
+    # Then the message waits in the dead-letter queue
+    dead = sqs.receive_message(QueueUrl=dlq_url).get("Messages", [])
+    assert [m["Body"] for m in dead] == ["{not json"]
+    visibility = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])["Attributes"]
+    assert visibility["VisibilityTimeout"] == "360"

@@ -1,0 +1,521 @@
+"""The instance bootstrap, run as a plain process against a fake IMDSv2 and moto.
+
+Stories: the workload gets the job's literal strings and the GPUJOBS_* contract, its exit code is
+published as "Job Exited", a broken document is reported as a bootstrap failure, SIGTERM reaches the
+workload, and multi-node rendezvous finds rank 0's private IP.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.server import ThreadedMotoServer
+
+from gpujobs.domain.rundoc import RunDocument
+from gpujobs.instance import bootstrap
+from gpujobs.instance.userdata import BOOTSTRAP_LOG, bootstrap_script, render_user_data
+from tests.unit.fake_imds import FakeImds
+
+BOOTSTRAP = Path(bootstrap.__file__)
+INSTANCE_ID = "i-0aaaabbbbccccdddd"
+HOSTILE = [
+    "$(touch /tmp/pwned)",
+    "`id`",
+    "it's",
+    '"q"',
+    "a;b",
+    "x && y",
+    "two\nlines",
+    "GPUJOBS_BOOTSTRAP_EOF",
+    "${HOME}",
+    "caf\u00e9 \u2603",
+]
+WORKLOAD = (
+    "import json, os, sys; "
+    "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(os.environ['OUT_FILE'], 'w')); "
+    "sys.exit(int(os.environ['EXIT_CODE']))"
+)
+WAITING_WORKLOAD = (
+    "import os, signal, sys, time\n"
+    "def stop(signum, frame):\n"
+    "    open(os.environ['OUT_FILE'], 'w').write(str(signum)); sys.exit(42)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "open(os.environ['READY_FILE'], 'w').close()\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+class Bus:
+    """A fresh event bus whose events land in an SQS queue we can read."""
+
+    def __init__(self, endpoint: str) -> None:
+        kwargs: dict[str, Any] = {
+            "endpoint_url": endpoint,
+            "region_name": "us-east-1",
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+        }
+        self.name = f"gpujobs-{uuid.uuid4().hex[:8]}"
+        self.events, self.sqs = boto3.client("events", **kwargs), boto3.client("sqs", **kwargs)
+        self.queue_url = self.sqs.create_queue(QueueName=self.name)["QueueUrl"]
+        arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])
+        self.events.create_event_bus(Name=self.name)
+        self.events.put_rule(
+            Name="exits", EventBusName=self.name, EventPattern=json.dumps({"source": [bootstrap.EVENT_SOURCE]})
+        )
+        self.events.put_targets(
+            Rule="exits", EventBusName=self.name, Targets=[{"Id": "q", "Arn": arn["Attributes"]["QueueArn"]}]
+        )
+
+    def exits(self) -> list[dict[str, Any]]:
+        messages = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10)
+        events = [json.loads(m["Body"]) for m in messages.get("Messages", [])]
+        assert all(e["detail-type"] == "Job Exited" for e in events)
+        return [e["detail"] for e in events]
+
+
+@pytest.fixture
+def bus(moto_endpoint: str) -> Bus:
+    return Bus(moto_endpoint)
+
+
+def a_document(tmp_path: Path, bus: Bus, *, exit_code: int = 0, **changes: Any) -> RunDocument:
+    fields: dict[str, Any] = {
+        "job_id": "job-7",
+        "attempt": 3,
+        "name": "demo",
+        "image": "unused-by-process-runtime",
+        "command": [sys.executable, "-c", WORKLOAD, *HOSTILE],
+        "env": {"OUT_FILE": str(tmp_path / "out.json"), "EXIT_CODE": str(exit_code), "TRICKY": "\n".join(HOSTILE)},
+        "nodes": 1,
+        "gpus_per_node": 0,
+        "checkpoint_uri": "s3://bucket/jobs/job-7/ckpt",
+        "resume_from_step": 40,
+        "event_bus": bus.name,
+        "region": "us-east-1",
+        "stop_timeout_seconds": 5,
+    }
+    return RunDocument(**{**fields, **changes})
+
+
+def a_fake_bin(tmp_path: Path) -> Path:
+    """A PATH holding only a fake `shutdown` that records its arguments."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    shutdown = fake_bin / "shutdown"
+    shutdown.write_text(
+        f"#!{sys.executable}\nimport sys\nopen({str(tmp_path / 'shutdown')!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+    )
+    shutdown.chmod(0o755)
+    return fake_bin
+
+
+def start_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str) -> subprocess.Popen[str]:
+    env = {
+        "PATH": str(a_fake_bin(tmp_path)),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
+        "SECRET_OF_THE_HOST": "must-not-leak",
+    }
+    return subprocess.Popen(
+        [sys.executable, str(BOOTSTRAP), "--runtime", "process", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str) -> tuple[int, str]:
+    proc = start_bootstrap(tmp_path, imds, moto_endpoint, *args)
+    output, _ = proc.communicate(timeout=60)
+    return proc.returncode, output
+
+
+def test_the_workload_gets_literal_strings_and_the_gpujobs_contract(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    doc = a_document(tmp_path, bus)
+    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID, local_ipv4="10.1.2.3") as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+
+    assert code == 0, output
+    seen = json.loads((tmp_path / "out.json").read_text())
+    assert seen["argv"] == HOSTILE
+    assert seen["env"]["TRICKY"] == "\n".join(HOSTILE)
+    assert {k: v for k, v in seen["env"].items() if k.startswith("GPUJOBS_")} == {
+        "GPUJOBS_JOB_ID": "job-7",
+        "GPUJOBS_ATTEMPT": "3",
+        "GPUJOBS_NNODES": "1",
+        "GPUJOBS_NODE_RANK": "0",
+        "GPUJOBS_NPROC_PER_NODE": "1",
+        "GPUJOBS_MASTER_ADDR": "10.1.2.3",
+        "GPUJOBS_MASTER_PORT": "29500",
+        "GPUJOBS_CHECKPOINT_URI": "s3://bucket/jobs/job-7/ckpt",
+        "GPUJOBS_RESUME_FROM_STEP": "40",
+        "GPUJOBS_CHECKPOINT_EVERY_MINUTES": "30",
+        "GPUJOBS_EVENT_BUS": bus.name,
+        "GPUJOBS_INSTANCE_ID": INSTANCE_ID,
+    }
+    assert seen["env"]["AWS_REGION"] == seen["env"]["AWS_DEFAULT_REGION"] == "us-east-1"
+    assert seen["env"]["AWS_ENDPOINT_URL"] == moto_endpoint
+    assert "SECRET_OF_THE_HOST" not in seen["env"]
+    assert not Path("/tmp/pwned").exists()
+    assert imds.unauthorized_gets == 0
+    assert bus.exits() == [
+        {
+            "job_id": "job-7",
+            "attempt": 3,
+            "node_rank": 0,
+            "instance_id": INSTANCE_ID,
+            "exit_code": 0,
+            "reason": "exited",
+            "message": "workload exited with 0",
+        }
+    ]
+    assert not (tmp_path / "shutdown").exists()
+
+
+def test_a_failing_workload_is_published_and_the_instance_shuts_down(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    user_data = tmp_path / "user-data"
+    user_data.write_bytes(render_user_data(a_document(tmp_path, bus, exit_code=3)))
+    with FakeImds(user_data=b"", instance_id=INSTANCE_ID) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--user-data", str(user_data))
+
+    assert code == 3, output
+    [exited] = bus.exits()
+    assert (exited["exit_code"], exited["reason"]) == (3, "exited")
+    assert (tmp_path / "shutdown").read_text() == "-h now"
+
+
+def test_a_broken_document_is_reported_as_a_bootstrap_failure(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+    broken = {**a_document(tmp_path, bus).model_dump(mode="json"), "command": "rm -rf / # a string, not a list"}
+    with FakeImds(user_data=json.dumps(broken).encode(), instance_id=INSTANCE_ID) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+
+    assert code == bootstrap.EXIT_BOOTSTRAP_FAILED, output
+    [exited] = bus.exits()
+    assert exited["reason"] == "bootstrap-failed"
+    assert exited["job_id"] == "job-7"
+    assert exited["exit_code"] == bootstrap.EXIT_BOOTSTRAP_FAILED
+    assert "command" in exited["message"]
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_sigterm_reaches_the_workload_and_its_exit_is_published(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+    ready = tmp_path / "ready"
+    doc = a_document(
+        tmp_path,
+        bus,
+        command=[sys.executable, "-c", WAITING_WORKLOAD],
+        env={"OUT_FILE": str(tmp_path / "out"), "READY_FILE": str(ready)},
+    )
+    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+        proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        deadline = time.monotonic() + 30
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+
+    assert proc.returncode == 42, output
+    assert (tmp_path / "out").read_text() == str(int(signal.SIGTERM))
+    [exited] = bus.exits()
+    assert exited["exit_code"] == 42
+    assert "signal" in exited["message"]
+
+
+def test_sigterm_while_waiting_for_peers_ends_the_bootstrap_at_once(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    doc = a_document(tmp_path, bus, nodes=2)  # the other node never comes
+    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+        proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "job job-7 attempt 3" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    [exited] = bus.exits()
+    assert exited["reason"] == "bootstrap-failed"
+    assert "before the workload started" in exited["message"]
+
+
+def test_publishing_failures_are_retried_and_never_raise() -> None:
+    calls: list[int] = []
+
+    def broken_client() -> Any:
+        calls.append(1)
+        raise ConnectionError("no route to EventBridge")
+
+    published = bootstrap.publish_exit(broken_client, bus="b", detail={}, tries=3, backoff=0.0)
+
+    assert published is False
+    assert len(calls) == 3
+
+
+# --- rendezvous --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    with mock_aws():
+        yield boto3.client("ec2", region_name="us-east-1")
+
+
+def launch(ec2: Any, *, count: int, job_id: str = "job-7", attempt: int = 3) -> list[dict[str, Any]]:
+    tags = [{"Key": bootstrap.TAG_JOB_ID, "Value": job_id}, {"Key": bootstrap.TAG_ATTEMPT, "Value": str(attempt)}]
+    reservation = ec2.run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=count,
+        MaxCount=count,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    instances: list[dict[str, Any]] = reservation["Instances"]
+    return instances
+
+
+def test_two_nodes_agree_on_rank_0s_private_ip_as_master(ec2: Any) -> None:
+    instances = launch(ec2, count=2)
+    launch(ec2, count=1, attempt=2)  # an older attempt of the same job
+    launch(ec2, count=1, job_id="someone-else")
+    by_index = {i["AmiLaunchIndex"]: i for i in instances}
+
+    results = [
+        bootstrap.rendezvous(
+            ec2,
+            job_id="job-7",
+            attempt=3,
+            nodes=2,
+            instance_id=i["InstanceId"],
+            own_ip=i["PrivateIpAddress"],
+            timeout=5,
+            poll=0.01,
+        )
+        for i in (by_index[1], by_index[0])
+    ]
+
+    master = by_index[0]["PrivateIpAddress"]
+    assert results == [(1, master), (0, master)]
+
+
+def test_ranks_stay_consistent_when_several_launches_made_the_nodes(ec2: Any) -> None:
+    first, second = launch(ec2, count=1)[0], launch(ec2, count=1)[0]  # both have launch index 0
+
+    ranks = {
+        i["InstanceId"]: bootstrap.rendezvous(
+            ec2,
+            job_id="job-7",
+            attempt=3,
+            nodes=2,
+            instance_id=i["InstanceId"],
+            own_ip=i["PrivateIpAddress"],
+            timeout=5,
+            poll=0.01,
+        )
+        for i in (first, second)
+    }
+
+    assert sorted(rank for rank, _ in ranks.values()) == [0, 1]
+    assert len({master for _, master in ranks.values()}) == 1
+
+
+def test_rendezvous_gives_up_when_a_node_never_appears(ec2: Any) -> None:
+    [only] = launch(ec2, count=1)
+
+    with pytest.raises(bootstrap.BootstrapError, match="1 of 2"):
+        bootstrap.rendezvous(
+            ec2,
+            job_id="job-7",
+            attempt=3,
+            nodes=2,
+            instance_id=only["InstanceId"],
+            own_ip=only["PrivateIpAddress"],
+            timeout=0.05,
+            poll=0.01,
+        )
+
+
+def test_a_single_node_is_its_own_master() -> None:
+    assert bootstrap.rendezvous(None, job_id="j", attempt=1, nodes=1, instance_id="i", own_ip="10.0.0.9") == (
+        0,
+        "10.0.0.9",
+    )
+
+
+# --- docker runtime (a fake docker CLI) --------------------------------------------------------
+
+FAKE_DOCKER = """import json, os, sys
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(json.dumps({"argv": sys.argv[1:], "stdin": sys.stdin.read() if sys.argv[1] == "login" else "",
+                          "env": {k: v for k, v in os.environ.items() if k in ("SECRET", "GPUJOBS_JOB_ID")}}) + "\\n")
+"""
+
+
+def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docker = tmp_path / "docker"
+    docker.write_text(f"#!{sys.executable}\n{FAKE_DOCKER}")
+    docker.chmod(0o755)
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "calls.jsonl"))
+    doc = bootstrap.check_document(
+        {
+            "job_id": "job/7",
+            "attempt": 3,
+            "name": "n",
+            "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+            "command": ["torchrun", "$(id)"],
+            "env": {"SECRET": "hunter2\nline"},
+            "gpus_per_node": 8,
+            "checkpoint_uri": "s3://b/k",
+            "stop_timeout_seconds": 90,
+        }
+    )
+    token = base64.b64encode(b"AWS:ecr-password").decode()
+
+    class FakeEcr:
+        def get_authorization_token(self, **kwargs: Any) -> dict[str, Any]:
+            assert kwargs == {"registryIds": ["123456789012"]}
+            return {"authorizationData": [{"authorizationToken": token}]}
+
+    runtime = bootstrap.DockerRuntime(str(docker))
+    runtime.prepare(doc, lambda service: FakeEcr())
+    runtime.start(doc, {"SECRET": "hunter2\nline", "GPUJOBS_JOB_ID": "job/7"})
+    assert runtime.wait() == 0
+
+    login, pull, run = (json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines())
+    assert login["argv"] == [
+        "login",
+        "--username",
+        "AWS",
+        "--password-stdin",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+    ]
+    assert login["stdin"] == "ecr-password"
+    assert pull["argv"] == ["pull", doc["image"]]
+    assert run["argv"] == [
+        "run",
+        "--rm",
+        "--name",
+        "gpujobs-job-7-a3",
+        "--gpus",
+        "all",
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--stop-timeout",
+        "90",
+        "-e",
+        "GPUJOBS_JOB_ID",
+        "-e",
+        "SECRET",
+        doc["image"],
+        "torchrun",
+        "$(id)",
+    ]
+    assert run["env"] == {"SECRET": "hunter2\nline", "GPUJOBS_JOB_ID": "job/7"}
+    assert "hunter2" not in json.dumps([login["argv"], pull["argv"], run["argv"]])
+
+
+def test_the_cloudwatch_agent_publishes_a_per_instance_gpu_series() -> None:
+    metrics = bootstrap.cloudwatch_agent_config()["metrics"]
+
+    assert metrics["namespace"] == "CWAgent"
+    assert metrics["aggregation_dimensions"] == [["InstanceId"]]
+    assert metrics["append_dimensions"] == {"InstanceId": "${aws:InstanceId}"}
+    assert metrics["metrics_collected"]["nvidia_gpu"] == {
+        "measurement": ["utilization_gpu", "utilization_memory", "memory_used"],
+        "metrics_collection_interval": 60,
+    }
+
+
+def test_the_bootstrap_explains_itself() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BOOTSTRAP), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.defpath},
+        check=True,
+    )
+
+    assert "--user-data" in done.stdout
+    assert "fixed program" in done.stdout or "same bytes" in done.stdout
+
+
+CONTAINERLESS_DOCKER = """import os, sys
+args = sys.argv[1:]
+if args[0] != "run":
+    sys.exit(0)
+names, i = [], 1
+while args[i].startswith("-"):
+    if args[i] == "-e":
+        names.append(args[i + 1])
+    i += 1 if args[i] == "--rm" else 2
+command = args[i + 1:]
+os.execve(command[0], command, {name: os.environ[name] for name in names})
+"""
+
+
+def test_bash_runs_the_user_data_shell_part_as_is(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+    """cloud-init's view: the shell part alone, default (docker) runtime, a docker that runs no container."""
+    script = tmp_path / "part-001.sh"
+    log = tmp_path / "bootstrap.log"
+    script.write_text(bootstrap_script().replace(BOOTSTRAP_LOG, str(log)))
+    doc = a_document(tmp_path, bus, exit_code=5)
+    python_bin = str(Path(sys.executable).parent)
+    fake_bin = a_fake_bin(tmp_path)
+    (fake_bin / "docker").write_text(f"#!{sys.executable}\n{CONTAINERLESS_DOCKER}")
+    (fake_bin / "docker").chmod(0o755)
+    env = {
+        "PATH": f"{fake_bin}:{python_bin}:/usr/bin:/bin",
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+        env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = imds.endpoint
+        done = subprocess.run(["bash", str(script)], env=env, timeout=60, check=False)
+
+    assert done.returncode == 5, log.read_text()
+    seen = json.loads((tmp_path / "out.json").read_text())
+    assert seen["argv"] == HOSTILE
+    assert seen["env"]["TRICKY"] == "\n".join(HOSTILE)
+    assert seen["env"]["GPUJOBS_INSTANCE_ID"] == INSTANCE_ID
+    assert [e["exit_code"] for e in bus.exits()] == [5]
+    assert (tmp_path / "shutdown").read_text() == "-h now"

@@ -1,0 +1,168 @@
+"""A corpus of bad job specs: each is refused, and the refusal names the field the user must fix.
+
+Each case is (id, document, expected field path). The document is the text a user would submit;
+most are JSON built from a valid base with one field changed, a few are raw YAML or raw bytes. The
+assertion is what a user relies on: load_spec raises SpecError and one problem line starts with
+`<field path>:`, so `gpujobs validate` points at the right line of their file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpujobs.domain.spec import MAX_SPEC_BYTES, JobSpec, SpecError, load_spec
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+BASE: dict[str, Any] = {
+    "name": "digits",
+    "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpujobs-train:latest",
+    "command": ["python", "train.py"],
+    "instance_types": ["g5.xlarge", "g6.xlarge"],
+}
+BASE_YAML = """\
+name: digits
+image: 123456789012.dkr.ecr.us-east-1.amazonaws.com/gpujobs-train:latest
+command: [python, train.py]
+instance_types: [g5.xlarge, g6.xlarge]
+"""
+ALLOWED = ("g5.xlarge", "g6.xlarge", "g5.12xlarge")
+REMOVE = object()
+
+
+def with_(**changes: Any) -> str:
+    """The base spec as JSON, with fields replaced (or removed, for the value REMOVE)."""
+    doc = {**BASE, **changes}
+    return json.dumps({k: v for k, v in doc.items() if v is not REMOVE})
+
+
+def yaml_with(extra: str) -> str:
+    return BASE_YAML + extra
+
+
+CASES: list[tuple[str, str | bytes, str]] = [
+    # ---- the document itself
+    ("bad-json", '{"name": "digits", "image": ', "(spec)"),
+    ("bad-json-trailing-comma", '{"name": "digits",}', "(spec)"),
+    ("bad-yaml", "name: digits\nimage: [unclosed\n", "(spec)"),
+    ("bad-yaml-indent", "name: digits\n  image: x\n command: y\n", "(spec)"),
+    ("yaml-list-not-mapping", "- name: digits\n- image: x\n", "(spec)"),
+    ("json-list-not-mapping", '["digits"]', "(spec)"),
+    ("yaml-scalar-not-mapping", "just a string\n", "(spec)"),
+    ("empty", "", "(spec)"),
+    ("only-whitespace", "  \n\t\n", "(spec)"),
+    ("not-utf8", b"name: \xff\xfe\n", "(spec)"),
+    ("too-large", with_(env={"PAD": "x" * 4000}) + " " * MAX_SPEC_BYTES, "(spec)"),
+    ("unknown-field-typo", with_(gpu_per_node=1), "gpu_per_node"),
+    ("missing-required-fields", json.dumps({"name": "digits"}), "image"),
+    # ---- name
+    ("name-uppercase", with_(name="Digits"), "name"),
+    ("name-leading-digit", with_(name="1digits"), "name"),
+    ("name-too-long", with_(name="d" * 64), "name"),
+    ("name-empty", with_(name=""), "name"),
+    ("name-not-string", with_(name=42), "name"),
+    # ---- image
+    ("image-whitespace", with_(image="repo/train latest"), "image"),
+    ("image-bad-digest", with_(image="repo/train@sha256:abc123"), "image"),
+    ("image-uppercase-repo", with_(image="Repo/Train:latest"), "image"),
+    # ---- command
+    ("command-empty", with_(command=[]), "command"),
+    ("command-string-not-list", with_(command="python train.py"), "command"),
+    ("command-item-not-string", with_(command=["python", 3]), "command[1]"),
+    ("command-missing", with_(command=REMOVE), "command"),
+    # ---- env
+    ("env-reserved-aws", with_(env={"AWS_REGION": "us-west-2"}), "env"),
+    ("env-reserved-gpujobs", with_(env={"GPUJOBS_JOB_ID": "x"}), "env"),
+    ("env-bad-name", with_(env={"my-var": "x"}), "env"),
+    ("env-value-number", with_(env={"STEPS": 600}), "env.STEPS"),
+    ("env-value-yaml-bool", yaml_with("env:\n  DEBUG: yes\n"), "env.DEBUG"),
+    ("env-not-mapping", with_(env=["A=1"]), "env"),
+    # ---- gang shape
+    ("nodes-0", with_(nodes=0), "nodes"),
+    ("nodes-65", with_(nodes=65), "nodes"),
+    ("nodes-fraction", with_(nodes=1.5), "nodes"),
+    ("gpus_per_node-9", with_(gpus_per_node=9), "gpus_per_node"),
+    ("gpus_per_node--1", with_(gpus_per_node=-1), "gpus_per_node"),
+    ("gpus_per_node-word", yaml_with("gpus_per_node: eight\n"), "gpus_per_node"),
+    # ---- instance types and capacity
+    ("instance_types-empty", with_(instance_types=[]), "instance_types"),
+    ("instance_types-duplicate", with_(instance_types=["g5.xlarge", "g5.xlarge"]), "instance_types"),
+    ("instance_types-malformed", with_(instance_types=["g5.xlarge", "G5 XLARGE"]), "instance_types[1]"),
+    ("instance_types-no-size", with_(instance_types=["g5"]), "instance_types[0]"),
+    ("instance_types-not-list", with_(instance_types="g5.xlarge"), "instance_types"),
+    ("capacity-unknown", with_(capacity="reserved"), "capacity"),
+    # ---- limits
+    ("max_interruptions-101", with_(max_interruptions=101), "max_interruptions"),
+    ("max_interruptions-negative", with_(max_interruptions=-1), "max_interruptions"),
+    ("max_attempts-0", with_(max_attempts=0), "max_attempts"),
+    ("max_runtime_minutes-0", with_(max_runtime_minutes=0), "max_runtime_minutes"),
+    ("max_runtime_minutes-43201", with_(max_runtime_minutes=43201), "max_runtime_minutes"),
+    ("max_cost_usd-0", with_(max_cost_usd=0), "max_cost_usd"),
+    ("max_cost_usd-negative", with_(max_cost_usd=-5), "max_cost_usd"),
+    ("max_cost_usd-string", with_(max_cost_usd="ten dollars"), "max_cost_usd"),
+    ("checkpoint_every_minutes-0", with_(checkpoint_every_minutes=0), "checkpoint_every_minutes"),
+    ("checkpoint_every_minutes-1441", with_(checkpoint_every_minutes=1441), "checkpoint_every_minutes"),
+    # ---- idle policy
+    ("idle-for_minutes-4", with_(idle={"for_minutes": 4}), "idle.for_minutes"),
+    ("idle-gpu_util_below_percent-101", with_(idle={"gpu_util_below_percent": 101}), "idle.gpu_util_below_percent"),
+    ("idle-action-unknown", with_(idle={"action": "pause"}), "idle.action"),
+    ("idle-extra-field", with_(idle={"for_minutes": 30, "notify": "me"}), "idle.notify"),
+    ("idle-yaml-not-mapping", yaml_with("idle: stop\n"), "idle"),
+    # ---- ownership and idempotency
+    ("team-uppercase", with_(team="ML"), "team"),
+    ("team-empty", with_(team=""), "team"),
+    ("client_token-65-chars", with_(client_token="t" * 65), "client_token"),
+    ("client_token-empty", with_(client_token=""), "client_token"),
+]
+
+
+@pytest.mark.parametrize(("document", "field"), [pytest.param(d, f, id=i) for i, d, f in CASES])
+def test_bad_spec_is_refused_naming_its_field(document: str | bytes, field: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        load_spec(document)
+
+    problems = refused.value.problems
+    assert any(p.startswith(f"{field}: ") for p in problems), problems
+    assert all("\n" not in p for p in problems), "each problem is one line"
+
+
+def test_corpus_is_large_and_ids_are_unique() -> None:
+    ids = [i for i, _, _ in CASES]
+    assert len(ids) >= 35
+    assert len(set(ids)) == len(ids)
+
+
+def test_instance_type_outside_the_allow_list_is_refused_by_name() -> None:
+    document = with_(instance_types=["g5.xlarge", "p5.48xlarge"])
+
+    with pytest.raises(SpecError) as refused:
+        load_spec(document, allowed_instance_types=ALLOWED)
+
+    assert any(p.startswith("instance_types: ") and "p5.48xlarge" in p for p in refused.value.problems)
+
+
+def test_the_same_spec_passes_without_an_allow_list() -> None:
+    assert load_spec(with_(instance_types=["g5.xlarge", "p5.48xlarge"])).instance_types == ["g5.xlarge", "p5.48xlarge"]
+
+
+def test_every_problem_of_a_spec_is_reported_at_once() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_spec(with_(name="Digits", nodes=0, idle={"for_minutes": 4}))
+
+    fields = {p.split(":", 1)[0] for p in refused.value.problems}
+    assert fields == {"name", "nodes", "idle.for_minutes"}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.iterdir()), ids=lambda p: p.name)
+def test_every_example_is_a_valid_spec(example: Path) -> None:
+    spec = load_spec(example.read_bytes(), allowed_instance_types=[*ALLOWED, "c7i.large"])
+
+    assert isinstance(spec, JobSpec)
+    assert spec.name == example.stem.split(".")[0]
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES.iterdir()} >= {"digits.yaml", "digits-2node.yaml", "cpu-smoke.json"}

@@ -1,0 +1,202 @@
+"""User data: job strings travel as data, the shell part never changes, and size limits are handled."""
+
+from __future__ import annotations
+
+import ast
+import email
+import gzip
+import random
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.instance import bootstrap
+from gpujobs.instance.userdata import (
+    HEREDOC_DELIMITER,
+    MAX_USER_DATA_BYTES,
+    UserDataError,
+    UserDataTooLargeError,
+    bootstrap_script,
+    parse_user_data,
+    render_mime,
+    render_user_data,
+)
+
+HOSTILE = [
+    "$(rm -rf /)",
+    "`id`",
+    "it's",
+    'say "hi"',
+    "a; reboot",
+    "true && halt",
+    "line1\nline2",
+    f"x\n{HEREDOC_DELIMITER}\ntouch /tmp/pwned",
+    HEREDOC_DELIMITER,
+    f"'{HEREDOC_DELIMITER}'",
+    "${HOME}",
+    "$HOME",
+    "\\",
+    "snowman \u2603 \U0001f600",
+    "--==GPUJOBS-USER-DATA==",
+    "\n--==GPUJOBS-USER-DATA==\nContent-Type: text/x-shellscript\n\n#!/bin/sh\nreboot\n",
+    "",
+    " ",
+    "\t\r\n",
+    "%s %(x)s {0}",
+    "-e FOO=bar",
+    "--privileged",
+]
+
+
+def a_document(**changes: Any) -> RunDocument:
+    fields: dict[str, Any] = {
+        "job_id": "job-1",
+        "attempt": 2,
+        "name": "demo",
+        "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+        "command": ["python", "-m", "train"],
+        "env": {"LR": "0.1"},
+        "nodes": 2,
+        "gpus_per_node": 4,
+        "checkpoint_uri": "s3://bucket/jobs/job-1/ckpt",
+        "resume_from_step": 40,
+        "event_bus": "gpujobs",
+        "region": "us-east-1",
+    }
+    return RunDocument(**{**fields, **changes})
+
+
+def shell_part(user_data: bytes) -> bytes:
+    raw = gzip.decompress(user_data) if user_data[:2] == b"\x1f\x8b" else user_data
+    parts = [p for p in email.message_from_bytes(raw).walk() if p.get_content_type() == "text/x-shellscript"]
+    assert len(parts) == 1
+    payload = parts[0].get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    return payload
+
+
+def test_hostile_command_and_env_come_back_as_the_same_literal_strings() -> None:
+    doc = a_document(command=["python", *HOSTILE], env={f"V{i}": v for i, v in enumerate(HOSTILE)})
+
+    parsed = parse_user_data(render_user_data(doc))
+
+    assert parsed == doc
+    assert isinstance(parsed, RunDocument)
+    assert parsed.command == ["python", *HOSTILE]
+
+
+def test_the_shell_part_is_byte_identical_for_different_jobs() -> None:
+    quiet = a_document()
+    hostile = a_document(job_id="other", command=HOSTILE, env={"X": "$(reboot)"})
+
+    assert shell_part(render_user_data(quiet)) == shell_part(render_user_data(hostile))
+    assert shell_part(render_user_data(quiet)).decode() == bootstrap_script()
+
+
+def test_the_shell_part_holds_no_job_data_and_quotes_its_heredoc() -> None:
+    script = bootstrap_script()
+
+    assert "job-1" not in script
+    assert f"- <<'{HEREDOC_DELIMITER}'\n" in script
+    assert script.splitlines().count(HEREDOC_DELIMITER) == 1
+    assert script.endswith(f"\n{HEREDOC_DELIMITER}\n")
+
+
+def test_the_job_part_is_one_line_so_no_job_string_can_start_a_mime_or_heredoc_line() -> None:
+    doc = a_document(command=HOSTILE, env={"X": "\n".join(HOSTILE)})
+
+    mime = render_mime(doc)
+    json_part = mime.split('filename="run.json"\n\n', 1)[1]
+
+    assert json_part.count("\n") == 2  # the JSON line, then the closing boundary line
+    assert mime.isascii()
+
+
+def test_a_normal_document_fits_and_a_large_env_is_gzipped() -> None:
+    normal = render_user_data(a_document())
+    large_env = {f"K{i}": "x" * 200 for i in range(60)}  # 12 KB of compressible env
+
+    packed = render_user_data(a_document(env=large_env))
+
+    assert len(normal) <= MAX_USER_DATA_BYTES
+    assert packed[:2] == b"\x1f\x8b"
+    assert len(packed) <= MAX_USER_DATA_BYTES
+    assert parse_user_data(packed) == a_document(env=large_env)
+
+
+def test_a_huge_document_raises_so_the_caller_can_use_a_pointer() -> None:
+    rng = random.Random(7)
+    noise = "".join(rng.choice(string.ascii_letters) for _ in range(20_000))  # does not compress
+
+    with pytest.raises(UserDataTooLargeError) as raised:
+        render_user_data(a_document(env={"BLOB": noise}))
+
+    assert raised.value.size > MAX_USER_DATA_BYTES
+    pointer = RunDocumentPointer(run_document_uri="s3://bucket/jobs/job-1/run-2.json")
+    assert parse_user_data(render_user_data(pointer)) == pointer
+
+
+def test_rendering_is_deterministic() -> None:
+    big = a_document(env={f"K{i}": "x" * 200 for i in range(60)})
+
+    assert render_user_data(a_document()) == render_user_data(a_document())
+    assert render_user_data(big) == render_user_data(big)
+
+
+def test_user_data_without_a_run_document_is_an_error() -> None:
+    with pytest.raises(UserDataError):
+        parse_user_data("#!/bin/sh\necho hi\n")
+    with pytest.raises(UserDataError):
+        parse_user_data(b"{not json")
+
+
+def test_parse_accepts_text_and_bare_json() -> None:
+    doc = a_document()
+
+    assert parse_user_data(render_mime(doc)) == doc
+    assert parse_user_data(doc.model_dump_json()) == doc
+
+
+def test_the_bootstrap_validator_agrees_with_the_pydantic_model() -> None:
+    model_defaults = {
+        name: (None if field.is_required() else field.get_default(call_default_factory=True))
+        for name, field in RunDocument.model_fields.items()
+    }
+    bootstrap_defaults = {
+        name: (None if default is bootstrap._REQUIRED else default) for name, (_, default) in bootstrap.FIELDS.items()
+    }
+
+    assert bootstrap_defaults == model_defaults
+    assert bootstrap.check_document(a_document().model_dump(mode="json")) == a_document().model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"command": "python train.py"}, "command"),
+        ({"env": {"BAD NAME": "x"}}, "env name"),
+        ({"env": {"DOCKER_HOST": "tcp://elsewhere"}}, "env name"),
+        ({"image": "--privileged"}, "image"),
+        ({"attempt": True}, "attempt"),
+        ({"surprise": 1}, "unknown"),
+    ],
+)
+def test_the_bootstrap_rejects_malformed_documents(change: dict[str, Any], problem: str) -> None:
+    with pytest.raises(bootstrap.BootstrapError, match=problem):
+        bootstrap.check_document({**a_document().model_dump(mode="json"), **change})
+
+
+def test_the_bootstrap_runs_on_a_bare_python_3_9() -> None:
+    source = Path(bootstrap.__file__).read_text(encoding="ascii")
+    tree = ast.parse(source, feature_version=(3, 9))
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+
+    assert imported - {"__future__", "boto3"} <= set(__import__("sys").stdlib_module_names)
