@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
@@ -19,11 +18,9 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.domain.states import JobState
 from gpujobs.runtime.bootstrap import job_service
+from gpujobs.runtime.observability import logger, metrics, tracer
 from gpujobs.service.ports import JobNotFoundError
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
 processor = BatchProcessor(event_type=EventType.SQS)
 
 _METRIC_FOR_STATE = {JobState.REJECTED: "JobsRejected", JobState.CANCELLED: "JobsCancelled"}

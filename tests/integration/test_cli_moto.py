@@ -16,13 +16,14 @@ from typing import Any
 
 import boto3
 import pytest
+from moto import mock_aws
+
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.cli import commands
 from gpujobs.cli.main import main
 from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
-from moto import mock_aws
 
 from .template import table_definition
 

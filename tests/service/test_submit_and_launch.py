@@ -302,3 +302,12 @@ def test_a_throttled_launch_releases_its_lease_so_the_redelivered_message_launch
     assert job.current_attempt is not None
     assert job.current_attempt.number == 1
     assert len(world.compute.live()) == 1
+
+
+def test_a_rejected_spec_with_a_client_token_is_recorded_under_the_id_its_submitter_computed(world: World) -> None:
+    from gpujobs.domain.job import job_id_for
+
+    outcome = world.submit(spec(client_token="tok-7", team="vision", nodes=99), message_id="m-3")
+
+    assert outcome.job.state is JobState.REJECTED
+    assert outcome.job.job_id == job_id_for(client_token="tok-7", team="vision", message_id=None)

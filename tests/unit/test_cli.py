@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
 from gpujobs.cli import commands, render
 from gpujobs.cli.main import main
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from gpujobs.domain.spec import Capacity, IdleAction, IdlePolicy, JobSpec, json_schema, load_spec, parse_document
 
 MINIMAL_YAML = """\

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpujobs.domain.spec import MAX_SPEC_BYTES, JobSpec, SpecError, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

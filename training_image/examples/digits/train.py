@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             scheduler.step()
             step, offset = step + 1, offset + 1
-            if offset == batches:
+            end_of_epoch = offset == batches
+            if end_of_epoch:  # the position to continue from is the start of the next epoch
                 epoch, offset = epoch + 1, 0
             if env.is_main and (step % args.log_every == 0 or step == args.steps):
                 rate = (step - start.step) / max(time.monotonic() - began, 1e-9)
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.step_sleep)
             if run.step_done(step, epoch=epoch, offset=offset):
                 stopped = True
+            if stopped or end_of_epoch:
                 break
 
     if env.is_main and not run.preempted:

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     ValidationError,
     ValidationInfo,
@@ -40,6 +41,9 @@ IMAGE_PATTERN = (
 )
 INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"
 
+StrictInt = Annotated[int, Strict()]
+StrictNumber = Annotated[float, Strict()]
+"""Numbers must be numbers: YAML `yes` or the JSON string "2" is an error, not 1 or 2."""
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Team = Annotated[str, StringConstraints(pattern=TEAM_PATTERN)]
 InstanceType = Annotated[str, StringConstraints(pattern=INSTANCE_TYPE_PATTERN)]
@@ -64,8 +68,8 @@ class IdlePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_util_below_percent: float = Field(default=5, ge=0, le=100)
-    for_minutes: int = Field(default=30, ge=5, le=1440)
+    gpu_util_below_percent: StrictNumber = Field(default=5, ge=0, le=100)
+    for_minutes: StrictInt = Field(default=30, ge=5, le=1440)
     action: IdleAction = IdleAction.STOP
 
 
@@ -82,17 +86,17 @@ class JobSpec(BaseModel):
     env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(
         default_factory=dict, description="environment for the container; AWS_* and GPUJOBS_* are reserved"
     )
-    nodes: int = Field(default=1, ge=1, le=64, description="instances in the gang")
-    gpus_per_node: int = Field(default=1, ge=0, le=8, description="0 for CPU smoke jobs")
+    nodes: StrictInt = Field(default=1, ge=1, le=64, description="instances in the gang")
+    gpus_per_node: StrictInt = Field(default=1, ge=0, le=8, description="0 for CPU smoke jobs")
     instance_types: list[InstanceType] = Field(
         min_length=1, max_length=16, description="ordered preference; each must be in the stack's allow-list"
     )
     capacity: Capacity = Capacity.SPOT_FIRST
-    max_interruptions: int = Field(default=5, ge=0, le=100)
-    max_attempts: int = Field(default=3, ge=1, le=100)
-    max_runtime_minutes: int = Field(default=1440, ge=1, le=43200)
-    max_cost_usd: float | None = Field(default=None, gt=0)
-    checkpoint_every_minutes: int = Field(default=30, ge=1, le=1440)
+    max_interruptions: StrictInt = Field(default=5, ge=0, le=100)
+    max_attempts: StrictInt = Field(default=3, ge=1, le=100)
+    max_runtime_minutes: StrictInt = Field(default=1440, ge=1, le=43200)
+    max_cost_usd: StrictNumber | None = Field(default=None, gt=0)
+    checkpoint_every_minutes: StrictInt = Field(default=30, ge=1, le=1440)
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
     team: Team = "default"
     client_token: str | None = Field(default=None, min_length=1, max_length=64)
@@ -107,7 +111,7 @@ class JobSpec(BaseModel):
             if k.startswith(RESERVED_ENV_PREFIXES)
         ]
         if bad:
-            raise ValueError("env names: " + "; ".join(bad))
+            raise ValueError("; ".join(bad))
         return env
 
     @field_validator("instance_types")
@@ -186,7 +190,7 @@ def parse_document(text: str | bytes) -> Mapping[str, Any]:
 
 def validate_spec(data: Mapping[str, Any], *, allowed_instance_types: Iterable[str] | None = None) -> JobSpec:
     """Validate a parsed document against the spec and, when given, the stack's allow-list."""
-    context = {"allowed_instance_types": frozenset(allowed_instance_types)} if allowed_instance_types else {}
+    context = {} if allowed_instance_types is None else {"allowed_instance_types": frozenset(allowed_instance_types)}
     try:
         return JobSpec.model_validate(data, context=context)
     except ValidationError as exc:

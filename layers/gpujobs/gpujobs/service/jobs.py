@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -18,7 +19,7 @@ from datetime import datetime, timedelta
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
 from gpujobs.domain.ladder import Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
-from gpujobs.domain.spec import JobSpec, SpecError, parse_document, validate_spec
+from gpujobs.domain.spec import TEAM_PATTERN, JobSpec, SpecError, parse_document, validate_spec
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.ports import (
     BlobStore,
@@ -102,7 +103,8 @@ class JobService:
         return SubmitOutcome(job, created)
 
     def _reject(self, body: str, problems: list[str], *, message_id: str) -> SubmitOutcome:
-        job_id = job_id_for(client_token=None, team=None, message_id=message_id)
+        token, team = _identity_of(body)
+        job_id = job_id_for(client_token=token, team=team, message_id=message_id)
         rejected = Job.rejected(
             job_id=job_id, problems=problems, excerpt=body, now=self.clock.now(), message_id=message_id
         )
@@ -355,6 +357,21 @@ class JobService:
             self.publisher.publish(events)
         except Exception:
             log.exception("could not publish %d state events for %s", len(events), after.job_id)
+
+
+def _identity_of(body: str) -> tuple[str | None, str | None]:
+    """The client_token and team of a rejected spec, when they are themselves valid, so that the
+    rejection is recorded under the job id the submitter computed (`gpujobs submit` prints it)."""
+    try:
+        document = parse_document(body)
+    except SpecError:
+        return None, None
+    token, team = document.get("client_token"), document.get("team", "default")
+    if not isinstance(token, str) or not 0 < len(token) <= 64:
+        return None, None
+    if not isinstance(team, str) or not re.fullmatch(TEAM_PATTERN, team):
+        return None, None
+    return token, team
 
 
 def _event_extra(job: Job, target: JobState) -> dict[str, object]:

@@ -1,0 +1,134 @@
+"""Control-plane benchmarks: handler cold start and warm per-message cost.
+
+Reported as ratios measured in one run, because these machines are noisy:
+
+* cold start: importing each handler module in a fresh interpreter, divided by the time to
+  `import boto3` alone in a fresh interpreter (target: at most 2x);
+* warm cost: our own code's time per message for a 10-message batch through the real submit
+  handler (Powertools batch processor included) against the in-memory fakes (target: at most 5 ms).
+
+Run: `python bench/control_plane_bench.py [--repeat N] [--json]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+HANDLERS = sorted(p.parent.name for p in (ROOT / "functions").glob("*/app.py"))
+
+_TIMED_IMPORT = """
+import sys, time
+sys.path.insert(0, {path!r})
+t = time.perf_counter()
+{statement}
+print(time.perf_counter() - t)
+"""
+
+
+def fresh_import_seconds(statement: str, path: str, repeat: int) -> float:
+    env = {**os.environ, "POWERTOOLS_TRACE_DISABLED": "false", "AWS_DEFAULT_REGION": "us-east-1"}
+    samples = []
+    for _ in range(repeat):
+        out = subprocess.run(
+            [sys.executable, "-c", _TIMED_IMPORT.format(path=path, statement=statement)],
+            capture_output=True, text=True, check=True, env=env, timeout=120,
+        )
+        samples.append(float(out.stdout.strip().splitlines()[-1]))
+    return statistics.median(samples)
+
+
+def cold_start(repeat: int) -> dict[str, Any]:
+    baseline = fresh_import_seconds("import boto3", str(ROOT), repeat)
+    rows = {}
+    for name in HANDLERS:
+        seconds = fresh_import_seconds("import app", str(ROOT / "functions" / name), repeat)
+        rows[name] = {"seconds": round(seconds, 4), "ratio_to_boto3": round(seconds / baseline, 2)}
+    return {"import_boto3_seconds": round(baseline, 4), "handlers": rows, "target_ratio": 2.0}
+
+
+def warm_cost(repeat: int) -> dict[str, Any]:
+    os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+    os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "GpuJobs")
+    os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "gpujobs")
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    from gpujobs.adapters.memory import (
+        FakeCompute, FixedClock, InMemoryBlobStore, InMemoryJobStore, RecordingPublisher,
+    )
+    from gpujobs.instance.userdata import render_user_data
+    from gpujobs.service.jobs import JobService, LaunchConfig
+
+    spec = importlib.util.spec_from_file_location("submit_app", ROOT / "functions" / "submit" / "app.py")
+    assert spec is not None and spec.loader is not None
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+
+    class Context:
+        function_name, memory_limit_in_mb, aws_request_id = "bench", 512, "r"
+        invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:bench"
+
+    def batch(round_: int) -> dict[str, Any]:
+        body = {"name": "bench", "image": "r/i:1", "command": ["python", "train.py"], "instance_types": ["g5.xlarge"]}
+        return {"Records": [
+            {"messageId": f"m-{round_}-{i}", "receiptHandle": "h", "body": json.dumps(body), "attributes": {},
+             "messageAttributes": {}, "md5OfBody": "x", "eventSource": "aws:sqs",
+             "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q", "awsRegion": "us-east-1"}
+            for i in range(10)
+        ]}
+
+    service = JobService(
+        store=InMemoryJobStore(), compute=FakeCompute(), publisher=RecordingPublisher(),
+        blobs=InMemoryBlobStore(), clock=FixedClock(),
+        config=LaunchConfig(checkpoint_bucket="b", event_bus_name="bus", region="us-east-1"),
+        render_user_data=render_user_data,
+    )
+    app.job_service = lambda: service
+    app.handler(batch(-1), Context())  # warm-up: first-call caches (pydantic, regexes)
+    per_message = []
+    for round_ in range(repeat):
+        event = batch(round_)
+        start = time.perf_counter()
+        response = app.handler(event, Context())
+        per_message.append((time.perf_counter() - start) / 10)
+        assert response == {"batchItemFailures": []}, response
+    launched = len(service.compute.live())  # type: ignore[attr-defined]
+    assert launched == 10 * (repeat + 1), launched
+    return {
+        "ms_per_message_median": round(statistics.median(per_message) * 1000, 3),
+        "ms_per_message_p90": round(sorted(per_message)[int(0.9 * (len(per_message) - 1))] * 1000, 3),
+        "batches": repeat,
+        "target_ms": 5.0,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=7, help="fresh interpreters per import and batches timed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    results = {"cold_start": cold_start(args.repeat), "warm": warm_cost(args.repeat * 5)}
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    cold = results["cold_start"]
+    print(f"import boto3 alone: {cold['import_boto3_seconds'] * 1000:.0f} ms (median of {args.repeat})")
+    print(f"{'handler':<12} {'import ms':>10} {'x boto3':>8}  target <= {cold['target_ratio']}x")
+    for name, row in cold["handlers"].items():
+        print(f"{name:<12} {row['seconds'] * 1000:>10.0f} {row['ratio_to_boto3']:>8.2f}")
+    warm = results["warm"]
+    print(f"warm submit: {warm['ms_per_message_median']:.2f} ms/message median, "
+          f"{warm['ms_per_message_p90']:.2f} ms p90 over {warm['batches']} batches of 10 (target <= 5 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

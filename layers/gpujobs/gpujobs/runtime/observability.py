@@ -1,0 +1,49 @@
+"""Powertools Logger, Metrics and Tracer for the handlers, configured by the template's Globals.
+
+The X-Ray SDK's recorder builds a botocore client when it is imported, which costs about as much as
+importing boto3 itself. So the Powertools Tracer is created only when SDK tracing is switched on
+(`POWERTOOLS_TRACE_DISABLED=false`, the stack parameter XRaySdkTracing); otherwise handlers get a
+tracer with the same decorators that adds nothing. Lambda's active tracing works either way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from aws_lambda_powertools import Logger, Metrics
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class TracerLike(Protocol):
+    def capture_lambda_handler(self, lambda_handler: F) -> F: ...
+
+    def capture_method(self, method: F) -> F: ...
+
+
+class _PassThroughTracer:
+    def capture_lambda_handler(self, lambda_handler: F) -> F:
+        return lambda_handler
+
+    def capture_method(self, method: F) -> F:
+        return method
+
+
+def sdk_tracing_enabled(env: dict[str, str] | None = None) -> bool:
+    value = (os.environ if env is None else env).get("POWERTOOLS_TRACE_DISABLED", "false")
+    return value.strip().lower() not in ("true", "1")
+
+
+def make_tracer() -> TracerLike:
+    if not sdk_tracing_enabled():
+        return _PassThroughTracer()
+    from aws_lambda_powertools import Tracer  # noqa: PLC0415 - pay for the X-Ray SDK only when used
+
+    return Tracer()  # type: ignore[return-value]
+
+
+logger = Logger()
+metrics = Metrics()
+tracer = make_tracer()
