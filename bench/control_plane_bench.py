@@ -41,7 +41,11 @@ def fresh_import_seconds(statement: str, path: str, repeat: int) -> float:
     for _ in range(repeat):
         out = subprocess.run(
             [sys.executable, "-c", _TIMED_IMPORT.format(path=path, statement=statement)],
-            capture_output=True, text=True, check=True, env=env, timeout=120,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+            timeout=120,
         )
         samples.append(float(out.stdout.strip().splitlines()[-1]))
     return statistics.median(samples)
@@ -62,13 +66,18 @@ def warm_cost(repeat: int) -> dict[str, Any]:
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "gpujobs")
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     from gpujobs.adapters.memory import (
-        FakeCompute, FixedClock, InMemoryBlobStore, InMemoryJobStore, RecordingPublisher,
+        FakeCompute,
+        FixedClock,
+        InMemoryBlobStore,
+        InMemoryJobStore,
+        RecordingPublisher,
     )
     from gpujobs.instance.userdata import render_user_data
     from gpujobs.service.jobs import JobService, LaunchConfig
 
     spec = importlib.util.spec_from_file_location("submit_app", ROOT / "functions" / "submit" / "app.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
 
@@ -78,16 +87,29 @@ def warm_cost(repeat: int) -> dict[str, Any]:
 
     def batch(round_: int) -> dict[str, Any]:
         body = {"name": "bench", "image": "r/i:1", "command": ["python", "train.py"], "instance_types": ["g5.xlarge"]}
-        return {"Records": [
-            {"messageId": f"m-{round_}-{i}", "receiptHandle": "h", "body": json.dumps(body), "attributes": {},
-             "messageAttributes": {}, "md5OfBody": "x", "eventSource": "aws:sqs",
-             "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q", "awsRegion": "us-east-1"}
-            for i in range(10)
-        ]}
+        return {
+            "Records": [
+                {
+                    "messageId": f"m-{round_}-{i}",
+                    "receiptHandle": "h",
+                    "body": json.dumps(body),
+                    "attributes": {},
+                    "messageAttributes": {},
+                    "md5OfBody": "x",
+                    "eventSource": "aws:sqs",
+                    "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:q",
+                    "awsRegion": "us-east-1",
+                }
+                for i in range(10)
+            ]
+        }
 
     service = JobService(
-        store=InMemoryJobStore(), compute=FakeCompute(), publisher=RecordingPublisher(),
-        blobs=InMemoryBlobStore(), clock=FixedClock(),
+        store=InMemoryJobStore(),
+        compute=FakeCompute(),
+        publisher=RecordingPublisher(),
+        blobs=InMemoryBlobStore(),
+        clock=FixedClock(),
         config=LaunchConfig(checkpoint_bucket="b", event_bus_name="bus", region="us-east-1"),
         render_user_data=render_user_data,
     )
@@ -125,8 +147,10 @@ def main() -> int:
     for name, row in cold["handlers"].items():
         print(f"{name:<12} {row['seconds'] * 1000:>10.0f} {row['ratio_to_boto3']:>8.2f}")
     warm = results["warm"]
-    print(f"warm submit: {warm['ms_per_message_median']:.2f} ms/message median, "
-          f"{warm['ms_per_message_p90']:.2f} ms p90 over {warm['batches']} batches of 10 (target <= 5 ms)")
+    print(
+        f"warm submit: {warm['ms_per_message_median']:.2f} ms/message median, "
+        f"{warm['ms_per_message_p90']:.2f} ms p90 over {warm['batches']} batches of 10 (target <= 5 ms)"
+    )
     return 0
 
 

@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 from moto import mock_aws
 
-from tests.integration.stack import MotoStack
+from gpujobs_local.stack import MotoStack, load_function
 
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["load_function"]
 
 
 @pytest.fixture
@@ -40,14 +37,3 @@ def stack(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
         bootstrap.job_service.cache_clear()
         yield built
         bootstrap.job_service.cache_clear()
-
-
-def load_function(name: str) -> ModuleType:
-    """Import functions/<name>/app.py under a unique module name, as Lambda would load it."""
-    path = ROOT / "functions" / name / "app.py"
-    spec = importlib.util.spec_from_file_location(f"functions_{name}_app", path)
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 
 from gpujobs.instance.userdata import parse_user_data
 from tests.conftest import load_function
-from tests.integration.stack import STACK, LambdaContext, MotoStack
+from gpujobs_local.stack import STACK, LambdaContext, MotoStack
 
 pytestmark = pytest.mark.integration
 

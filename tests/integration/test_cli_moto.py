@@ -25,7 +25,7 @@ from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
 
-from .template import table_definition
+from gpujobs_local.template import table_definition
 
 pytestmark = pytest.mark.integration
 

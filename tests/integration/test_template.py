@@ -19,7 +19,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from .template import (
+from gpujobs_local.template import (
     TEMPLATE_PATH,
     as_list,
     function_properties,

@@ -39,7 +39,7 @@ def sdk_tracing_enabled(env: dict[str, str] | None = None) -> bool:
 def make_tracer() -> TracerLike:
     if not sdk_tracing_enabled():
         return _PassThroughTracer()
-    from aws_lambda_powertools import Tracer  # noqa: PLC0415 - pay for the X-Ray SDK only when used
+    from aws_lambda_powertools import Tracer
 
     return Tracer()  # type: ignore[return-value]
 

@@ -11,26 +11,30 @@ from __future__ import annotations
 
 import base64
 import gzip
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import boto3
 from botocore.awsrequest import AWSResponse
 
-from tests.integration import template
+from gpujobs_local import template
 
+ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
-STACK = "gpujobs-test"
+STACK = "gpujobs-local"
 ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
 
 
 @dataclass
 class LambdaContext:
-    function_name: str = "gpujobs-test-SubmitFunction"
+    function_name: str = f"{STACK}-SubmitFunction"
     memory_limit_in_mb: int = 512
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:123456789012:function:gpujobs-test-SubmitFunction"
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:123456789012:function:{STACK}-SubmitFunction"
     aws_request_id: str = "req-1"
 
     def get_remaining_time_in_millis(self) -> int:
@@ -112,7 +116,7 @@ class MotoStack:
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
-        boto3.DEFAULT_SESSION.events.register(event, hook)  # type: ignore[union-attr]
+        boto3.DEFAULT_SESSION.events.register(event, hook)
 
     # ---- the event source mapping --------------------------------------------------------
     def send(self, body: str | dict[str, Any]) -> str:
@@ -179,7 +183,7 @@ class MotoStack:
         return list(self.sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10).get("Messages", []))
 
     def observed_events(self) -> list[dict[str, Any]]:
-        seen = []
+        seen: list[dict[str, Any]] = []
         while True:
             batch = self.sqs.receive_message(QueueUrl=self.events_queue, MaxNumberOfMessages=10).get("Messages", [])
             if not batch:
@@ -191,3 +195,14 @@ class MotoStack:
 
 def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
     return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
+
+
+def load_function(name: str) -> ModuleType:
+    """Import functions/<name>/app.py under a unique module name, as Lambda loads a handler."""
+    path = ROOT / "functions" / name / "app.py"
+    spec = importlib.util.spec_from_file_location(f"functions_{name}_app", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no handler at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,46 @@
+# The two commands of the README:
+#   make demo   set everything up, then run the main job (the control plane on an in-process AWS)
+#   make test   set everything up, then run every check CI runs
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup demo test lint typecheck template unit bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml layers/gpujobs/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch is pinned in pyproject (2.13.0, the CPU wheel); an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet -e '.[dev,train]'
+	touch $@
+
+demo: setup
+	$(BIN)/python -m gpujobs_local.demo
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/hadolint training_image/Dockerfile
+
+typecheck: setup
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+
+template: setup
+	.ci/check-template $(VENV)
+
+unit: setup
+	$(BIN)/python -m pytest -m "not integration and not training"
+
+test: lint typecheck template
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python bench/control_plane_bench.py
+	$(BIN)/python bench/checkpoint_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,55 @@
+"""Stories of misconfigured jobs: each exits 78 naming the problem and never trains from scratch."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE
+from tests.training.conftest import Baseline
+from tests.training.harness import JobResult, job_env, run_job
+from tests.training.test_checkpoints_round_trip_through_s3 import aws_env  # noqa: F401 (module fixture)
+
+pytestmark = pytest.mark.training
+
+
+def _never_trained(result: JobResult) -> bool:
+    return not any("[digits] step" in line for line in result.lines) and not result.events("final")
+
+
+def test_a_job_without_a_checkpoint_uri_refuses_to_start(tmp_path: Path) -> None:
+    env = job_env("unused")
+    del env["GPUJOBS_CHECKPOINT_URI"]
+    result = run_job(env, "--steps", "50")
+    assert result.exit_code == CONFIG_ERROR_EXIT_CODE, result.output
+    assert "GPUJOBS_CHECKPOINT_URI is not set" in result.output
+    assert _never_trained(result)
+
+
+def test_a_checkpoint_bucket_that_cannot_be_reached_stops_the_job(
+    tmp_path: Path,
+    aws_env: dict[str, str],  # noqa: F811
+) -> None:
+    env = job_env("s3://no-such-bucket/ckpt", GPUJOBS_LOCAL_CHECKPOINT_DIR=str(tmp_path / "local"), **aws_env)
+    result = run_job(env, "--steps", "50")
+    assert result.exit_code == CONFIG_ERROR_EXIT_CODE, result.output
+    assert "checkpoint URI s3://no-such-bucket/ckpt is unreachable" in result.output
+    assert "NoSuchBucket" in result.output
+    assert _never_trained(result)
+
+
+def test_a_corrupt_committed_checkpoint_is_reported_not_silently_replaced_by_a_fresh_start(
+    tmp_path: Path, baseline: Baseline
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(baseline.checkpoint_dir, checkpoints)
+    shard = checkpoints / "step-00000400" / "__0_0.distcp"
+    shard.write_bytes(b"\x00garbage" * (shard.stat().st_size // 8) + b"\x00" * (shard.stat().st_size % 8))
+
+    result = run_job(job_env(str(checkpoints)), "--steps", "500")
+
+    assert result.exit_code == CONFIG_ERROR_EXIT_CODE, result.output
+    assert "step-00000400 is committed but corrupt" in result.output
+    assert _never_trained(result)
