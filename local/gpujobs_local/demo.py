@@ -58,144 +58,179 @@ def quietly(handler: Any) -> Any:
     return invoke
 
 
-def run(story: Story) -> dict[str, Any]:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "demo",
-        "AWS_SECRET_ACCESS_KEY": "demo",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "POWERTOOLS_TRACE_DISABLED": "true",
-        "POWERTOOLS_METRICS_DISABLED": "true",
-        "POWERTOOLS_LOG_LEVEL": "ERROR",
-        "POWERTOOLS_SERVICE_NAME": "gpujobs",
-        "POWERTOOLS_METRICS_NAMESPACE": "GpuJobs",
-    }.items():
-        os.environ[key] = value
-    os.environ.pop("AWS_ENDPOINT_URL", None)
+DEMO_ENV = {
+    "AWS_ACCESS_KEY_ID": "demo",
+    "AWS_SECRET_ACCESS_KEY": "demo",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "POWERTOOLS_METRICS_DISABLED": "true",
+    "POWERTOOLS_LOG_LEVEL": "ERROR",
+    "POWERTOOLS_SERVICE_NAME": "gpujobs",
+    "POWERTOOLS_METRICS_NAMESPACE": "GpuJobs",
+}
 
+
+def no_g5_spot(params: dict[str, Any], **_: Any) -> None:
+    """A botocore hook refusing g5 spot launches the way EC2 does when the pool is empty."""
     from botocore.exceptions import ClientError
-    from moto import mock_aws
 
-    from gpujobs.adapters.dynamodb import DynamoJobStore
-    from gpujobs.instance.userdata import parse_user_data
-    from gpujobs.runtime import bootstrap
-    from gpujobs_local.stack import MotoStack, load_function
+    if params["InstanceType"] == "g5.xlarge" and "InstanceMarketOptions" in params:
+        raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no g5 spot"}}, "RunInstances")
 
-    summary: dict[str, Any] = {"jobs": {}}
-    with mock_aws():
-        story.step("Deploying the stack from template.yaml onto an in-process AWS (moto)")
-        stack = MotoStack()
-        os.environ.update(stack.env)
-        os.environ.update({"GPUJOBS_QUEUE_URL": stack.queue_url, "GPUJOBS_TABLE": stack.table})
+
+class Demo:
+    """The deployed stack on moto, the submit handler and the story told about them."""
+
+    def __init__(self, story: Story) -> None:
+        from gpujobs.adapters.dynamodb import DynamoJobStore
+        from gpujobs_local.stack import MotoStack
+
+        self.story = story
+        self.stack = MotoStack()
+        os.environ.update(self.stack.env)
+        os.environ.update({"GPUJOBS_QUEUE_URL": self.stack.queue_url, "GPUJOBS_TABLE": self.stack.table})
+        self.store = DynamoJobStore(table_name=self.stack.table, client=self.stack.ddb)
+        self.submit = self.fresh_handler()
+        self.summary: dict[str, Any] = {"jobs": {}}
+
+    def fresh_handler(self) -> Any:
+        """A cold start: a new container with new clients (so newly registered hooks apply)."""
+        from gpujobs.runtime import bootstrap
+        from gpujobs_local.stack import load_function
+
         bootstrap.job_service.cache_clear()
-        submit = quietly(load_function("submit").handler)
-        store = DynamoJobStore(table_name=stack.table, client=stack.ddb)
-        story.say(f"  table {stack.table}, queue + DLQ, bucket {stack.bucket}, bus {stack.bus},")
-        story.say(f"  launch template {stack.launch_template}, subnets {', '.join(stack.subnets)} (us-east-1a, b)")
+        return quietly(load_function("submit").handler)
 
-        def show_job(job_id: str) -> dict[str, Any]:
-            job = store.get(job_id)
-            for entry in job.history:
-                src = entry.source.value if entry.source else "(new)"
-                detail = f" - {entry.detail}" if entry.detail else ""
-                story.say(f"    {src:>11} -> {entry.target.value:<9} {entry.reason.value}{detail[:110]}")
-            return job.model_dump(mode="json")
+    def show_job(self, job_id: str) -> None:
+        for entry in self.store.get(job_id).history:
+            src = entry.source.value if entry.source else "(new)"
+            detail = f" - {entry.detail}" if entry.detail else ""
+            self.story.say(f"    {src:>11} -> {entry.target.value:<9} {entry.reason.value}{detail[:110]}")
 
-        def show_instances(job_id: str) -> list[dict[str, Any]]:
-            found = stack.instances(**{"gpujobs:job-id": job_id})
-            for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
-                tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
-                story.say(
-                    f"    {inst['InstanceId']}  {inst['InstanceType']:<10} {inst['Placement']['AvailabilityZone']}"
-                    f"  {inst.get('InstanceLifecycle', 'on-demand'):<9} rank {inst['AmiLaunchIndex']}"
-                    f"  attempt {tags['gpujobs:attempt']}  team {tags['gpujobs:team']}"
-                )
-            return found
+    def show_instances(self, job_id: str) -> list[dict[str, Any]]:
+        found = self.stack.instances(**{"gpujobs:job-id": job_id})
+        for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
+            tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+            self.story.say(
+                f"    {inst['InstanceId']}  {inst['InstanceType']:<10} {inst['Placement']['AvailabilityZone']}"
+                f"  {inst.get('InstanceLifecycle', 'on-demand'):<9} rank {inst['AmiLaunchIndex']}"
+                f"  attempt {tags['gpujobs:attempt']}  team {tags['gpujobs:team']}"
+            )
+        return found
 
-        story.step("1. An ML engineer submits examples/digits.yaml with the gpujobs CLI")
-        code, out = cli("submit", str(ROOT / "examples" / "digits.yaml"))
-        digits = out.strip().splitlines()[0]
-        story.say(f"  $ gpujobs submit examples/digits.yaml  ->  {digits} (exit {code})")
-        stack.deliver(submit)
-        story.say("  the submit function consumed the queue:")
-        first = show_job(digits)
-        instances = show_instances(digits)
-        document = parse_user_data(stack.user_data(instances[0]["InstanceId"])).model_dump()
-        story.say(f"  user data carries the run document: command {document['command']}")
-        story.say(f"  checkpoints go to {document['checkpoint_uri']}")
-        summary["jobs"]["digits"] = {"job_id": digits, "state": first["state"], "instances": len(instances)}
+    def submit_file(self, name: str) -> str:
+        code, out = cli("submit", str(ROOT / "examples" / name))
+        job_id = out.strip().splitlines()[0]
+        self.story.say(f"  $ gpujobs submit examples/{name}  ->  {job_id} (exit {code})")
+        self.stack.deliver(self.submit)
+        return job_id
 
-        story.step("2. A two-node gang while g5 spot capacity is short (InsufficientInstanceCapacity)")
+    def first_job(self) -> None:
+        from gpujobs.instance.userdata import parse_user_data
 
-        def no_g5_spot(params: dict[str, Any], **_: Any) -> None:
-            if params["InstanceType"] == "g5.xlarge" and "InstanceMarketOptions" in params:
-                raise ClientError(
-                    {"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no g5 spot"}}, "RunInstances"
-                )
+        self.story.step("1. An ML engineer submits examples/digits.yaml with the gpujobs CLI")
+        job_id = self.submit_file("digits.yaml")
+        self.story.say("  the submit function consumed the queue:")
+        self.show_job(job_id)
+        instances = self.show_instances(job_id)
+        document = parse_user_data(self.stack.user_data(instances[0]["InstanceId"])).model_dump()
+        self.story.say(f"  user data carries the run document: command {document['command']}")
+        self.story.say(f"  checkpoints go to {document['checkpoint_uri']}")
+        state = self.store.get(job_id).state.value
+        self.summary["jobs"]["digits"] = {"job_id": job_id, "state": state, "instances": len(instances)}
 
-        stack.on_aws("provide-client-params.ec2.RunInstances", no_g5_spot)
-        bootstrap.job_service.cache_clear()
-        submit = quietly(load_function("submit").handler)
-        code, out = cli("submit", str(ROOT / "examples" / "digits-2node.yaml"))
-        gang = out.strip().splitlines()[0]
-        stack.deliver(submit)
-        gang_job = store.get(gang)
-        attempt = gang_job.current_attempt
-        assert attempt is not None
+    def gang_on_short_capacity(self) -> str:
+        self.story.step("2. A two-node gang while g5 spot capacity is short (InsufficientInstanceCapacity)")
+        self.stack.on_aws("provide-client-params.ec2.RunInstances", no_g5_spot)
+        self.submit = self.fresh_handler()
+        job_id = self.submit_file("digits-2node.yaml")
+        job = self.store.get(job_id)
+        attempt = job.current_attempt
+        if attempt is None:
+            raise RuntimeError(f"{job_id} was not launched: {job.status_detail}")
         for t in attempt.tries:
-            story.say(f"    refused: {t.instance_type} {t.zone} {t.market.value}: {t.error_code}")
-        show_job(gang)
-        gang_instances = show_instances(gang)
-        summary["jobs"]["gang"] = {
-            "job_id": gang,
-            "state": gang_job.state.value,
+            self.story.say(f"    refused: {t.instance_type} {t.zone} {t.market.value}: {t.error_code}")
+        self.show_job(job_id)
+        instances = self.show_instances(job_id)
+        self.summary["jobs"]["gang"] = {
+            "job_id": job_id,
+            "state": job.state.value,
             "instance_type": attempt.instance_type,
             "refused_tries": len(attempt.tries),
-            "instances": len(gang_instances),
+            "instances": len(instances),
         }
+        return job_id
 
-        story.step("3. SQS delivers the same message twice")
-        stack.send({"name": "twice", "image": "r/i:1", "command": ["python", "t.py"], "instance_types": ["g6.xlarge"]})
-        messages = stack.sqs.receive_message(QueueUrl=stack.queue_url, MaxNumberOfMessages=1)["Messages"]
+    def duplicate_delivery(self) -> None:
+        from gpujobs.domain.job import job_id_for
         from gpujobs_local.stack import LambdaContext
 
-        submit(stack.sqs_event(messages), LambdaContext())
-        submit(stack.sqs_event(messages), LambdaContext())
-        stack.sqs.delete_message(QueueUrl=stack.queue_url, ReceiptHandle=messages[0]["ReceiptHandle"])
+        self.story.step("3. SQS delivers the same message twice")
+        spec = {"name": "twice", "image": "r/i:1", "command": ["python", "t.py"], "instance_types": ["g6.xlarge"]}
+        self.stack.send(spec)
+        sqs, url = self.stack.sqs, self.stack.queue_url
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1)["Messages"]
+        for _ in range(2):
+            self.submit(self.stack.sqs_event(messages), LambdaContext())
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
+        job_id = job_id_for(client_token=None, team=None, message_id=messages[0]["MessageId"])
+        count = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
+        self.story.say(f"  two deliveries -> one job {job_id}, {count} instance (RunInstances ran once)")
+        self.summary["jobs"]["duplicate"] = {"job_id": job_id, "instances": count}
+
+    def bad_spec(self) -> None:
         from gpujobs.domain.job import job_id_for
 
-        twice = job_id_for(client_token=None, team=None, message_id=messages[0]["MessageId"])
-        count = len(stack.instances(**{"gpujobs:job-id": twice}))
-        story.say(f"  two deliveries -> one job {twice}, {count} instance (RunInstances ran once)")
-        summary["jobs"]["duplicate"] = {"job_id": twice, "instances": count}
-
-        story.step("4. A bad spec sent straight to the queue (aws sqs send-message)")
+        self.story.step("4. A bad spec sent straight to the queue (aws sqs send-message)")
         bad = {"name": "Digits", "image": "r/i:1", "command": [], "instance_types": ["x1.32xlarge"], "nodes": 0}
-        bad_message = stack.send(bad)
-        stack.deliver(submit)
-        rejected = store.get(job_id_for(client_token=None, team=None, message_id=bad_message))
-        story.say(f"  {rejected.job_id} {rejected.state.value}, consumed (no retry loop):")
+        message_id = self.stack.send(bad)
+        self.stack.deliver(self.submit)
+        rejected = self.store.get(job_id_for(client_token=None, team=None, message_id=message_id))
+        self.story.say(f"  {rejected.job_id} {rejected.state.value}, consumed (no retry loop):")
         for problem in rejected.problems:
-            story.say(f"    - {problem}")
-        summary["jobs"]["rejected"] = {"job_id": rejected.job_id, "problems": list(rejected.problems)}
+            self.story.say(f"    - {problem}")
+        self.summary["jobs"]["rejected"] = {"job_id": rejected.job_id, "problems": list(rejected.problems)}
 
-        story.step(f"5. gpujobs cancel {gang}")
-        code, out = cli("cancel", gang)
-        story.say(f"  $ gpujobs cancel {gang}  ->  {out.strip().splitlines()[0]}")
-        stack.deliver(submit)
-        left = len(stack.instances(**{"gpujobs:job-id": gang}))
-        story.say(f"  {gang} {store.get(gang).state.value}; instances left: {left}")
-        summary["jobs"]["gang"]["after_cancel"] = {"state": store.get(gang).state.value, "instances": left}
+    def cancel(self, job_id: str) -> None:
+        self.story.step(f"5. gpujobs cancel {job_id}")
+        _, out = cli("cancel", job_id)
+        self.story.say(f"  $ gpujobs cancel {job_id}  ->  {out.strip().splitlines()[0]}")
+        self.stack.deliver(self.submit)
+        left = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
+        state = self.store.get(job_id).state.value
+        self.story.say(f"  {job_id} {state}; instances left: {left}")
+        self.summary["jobs"]["gang"]["after_cancel"] = {"state": state, "instances": left}
 
-        story.step("6. What a subscriber to the bus saw (GPU Job State Change)")
-        seen = stack.observed_events()
-        story.say(f"  {len(seen)} events, e.g. {json.dumps(seen[1]['detail'])[:150]}...")
-        summary["state_change_events"] = len(seen)
-        code, out = cli("list", "--state", "all")
-        story.say("  $ gpujobs list --state all")
+    def subscriber_view(self) -> None:
+        self.story.step("6. What a subscriber to the bus saw (GPU Job State Change)")
+        seen = self.stack.observed_events()
+        self.story.say(f"  {len(seen)} events, e.g. {json.dumps(seen[1]['detail'])[:150]}...")
+        self.summary["state_change_events"] = len(seen)
+        _, out = cli("list", "--state", "all")
+        self.story.say("  $ gpujobs list --state all")
         for line in out.rstrip().splitlines():
-            story.say(f"  {line}")
-    summary["total_seconds"] = round(time.perf_counter() - story.started, 2)
-    return summary
+            self.story.say(f"  {line}")
+
+
+def run(story: Story) -> dict[str, Any]:
+    os.environ.update(DEMO_ENV)
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+    from moto import mock_aws
+
+    with mock_aws():
+        story.step("Deploying the stack from template.yaml onto an in-process AWS (moto)")
+        demo = Demo(story)
+        stack = demo.stack
+        story.say(f"  table {stack.table}, queue + DLQ, bucket {stack.bucket}, bus {stack.bus},")
+        story.say(f"  launch template {stack.launch_template}, subnets {', '.join(stack.subnets)} (us-east-1a, b)")
+        demo.first_job()
+        gang = demo.gang_on_short_capacity()
+        demo.duplicate_delivery()
+        demo.bad_spec()
+        demo.cancel(gang)
+        demo.subscriber_view()
+    demo.summary["total_seconds"] = round(time.perf_counter() - story.started, 2)
+    return demo.summary
 
 
 def main(argv: list[str] | None = None) -> int:

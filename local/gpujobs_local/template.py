@@ -78,7 +78,7 @@ for _tag, _long_name in _SHORT_FORMS.items():
 @cache
 def _load(path: Path) -> dict[str, Any]:
     with path.open(encoding="utf-8") as f:
-        loaded = yaml.load(f, Loader=CloudFormationLoader)  # a SafeLoader subclass: no arbitrary objects
+        loaded = yaml.load(f, Loader=CloudFormationLoader)  # noqa: S506 - a SafeLoader subclass: no arbitrary objects
     if not isinstance(loaded, dict):
         raise TemplateError(f"{path} is not a mapping")
     return loaded

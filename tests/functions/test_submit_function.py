@@ -9,8 +9,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpujobs.instance.userdata import parse_user_data
-from tests.conftest import load_function
 from gpujobs_local.stack import STACK, LambdaContext, MotoStack
+from tests.conftest import load_function
 
 pytestmark = pytest.mark.integration
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
@@ -137,7 +138,7 @@ class CheckpointManager:
             try:
                 dcp_save(payload, checkpoint_id=str(folder), process_group=self._group)
                 error = None
-            except Exception as exc:  # reported below, collectively, so no rank is left waiting
+            except (Exception, CheckpointException) as exc:  # reported below, collectively
                 error = exc
             future.set_result(self._complete(step, reason, position, started, error))
             return future
@@ -151,7 +152,7 @@ class CheckpointManager:
         error: BaseException | None = None
         try:
             dcp_future.result()
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:
             error = exc
         return self._complete(step, reason, position, started, error)
 
@@ -173,7 +174,7 @@ class CheckpointManager:
             except Exception as exc:
                 error = exc
         if error is not None:
-            log.error("rank %d: checkpoint step %d failed: %s", self.env.rank, step, error)
+            log.error("rank %d: checkpoint step %d failed: %s", self.env.rank, step, _summary(error))
         reports: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(reports, (error is None, mine), group=self._group)
         marker: CommitMarker | None = None
@@ -252,9 +253,9 @@ class CheckpointManager:
             folder = self.store.staging_dir(marker.step)
             try:
                 dcp_load({"app": self.state}, checkpoint_id=str(folder), process_group=self._group)
-            except Exception as exc:
+            except (Exception, CheckpointException) as exc:
                 raise CheckpointError(
-                    f"checkpoint {self.store.step_uri(marker.step)} is committed but corrupt: {exc}"
+                    f"checkpoint {self.store.step_uri(marker.step)} is committed but corrupt: {_summary(exc)}"
                 ) from exc
             self._restore_rng(marker, folder)
             self.last_committed_step = marker.step
@@ -317,3 +318,15 @@ class CheckpointManager:
         reports: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(reports, mine, group=self._group)
         return next((r for r in reports if r), "")
+
+
+def _summary(exc: BaseException) -> str:
+    """One line per failing rank instead of DCP's multi-rank traceback dump."""
+    if isinstance(exc, CheckpointException):
+        parts = []
+        for rank, failure in sorted(exc.failures.items()):
+            inner = failure[0] if isinstance(failure, tuple) else failure
+            first = (str(inner).strip().splitlines() or [""])[0]
+            parts.append(f"rank {rank}: {type(inner).__name__}: {first}")
+        return "; ".join(parts)
+    return f"{type(exc).__name__}: {exc}"
