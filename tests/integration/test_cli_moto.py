@@ -117,6 +117,15 @@ def test_submit_keeps_a_given_client_token_so_resubmitting_names_the_same_job(
     assert [m["client_token"] for m in env_stack.messages()] == ["nightly-1", "nightly-1"]
 
 
+def stopped_by_budget(job: Job, *, now: datetime) -> Job:
+    """The job as the control plane leaves it after a budget stop: launched, running, stopped."""
+    return (
+        job.transition(JobState.LAUNCHING, Reason.LAUNCH_STARTED, now=now)
+        .transition(JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=now)
+        .transition(JobState.STOPPED, Reason.BUDGET_EXCEEDED, now=now)
+    )
+
+
 def test_submit_wait_returns_once_the_job_runs(
     env_stack: Stack, no_waiting: list[float], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,7 +137,7 @@ def test_submit_wait_returns_once_the_job_runs(
         job = env_stack.store.create(
             Job.submitted(job_id=job_id, spec=load_spec(json.dumps(body)), now=NOW, message_id=None)
         )
-        env_stack.store.save(job.transition(JobState.STOPPED, Reason.BUDGET_EXCEEDED, now=NOW))
+        env_stack.store.save(stopped_by_budget(job, now=NOW))
 
     monkeypatch.setattr(commands, "sleep", control_plane_records_the_job)
 
@@ -205,7 +214,7 @@ def test_list_shows_active_jobs_newest_first_and_all_with_state_all(
     env_stack.add_job("j-old", at=NOW)
     env_stack.add_job("j-new", example="cpu-smoke.json", at=NOW + timedelta(hours=1))
     done = env_stack.add_job("j-done", at=NOW + timedelta(hours=2))
-    env_stack.store.save(done.transition(JobState.STOPPED, Reason.BUDGET_EXCEEDED, now=NOW + timedelta(hours=2)))
+    env_stack.store.save(stopped_by_budget(done, now=NOW + timedelta(hours=2)))
 
     assert main(["list"]) == 0
     rows = capsys.readouterr().out.splitlines()

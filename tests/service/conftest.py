@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from gpujobs.adapters.memory import FakeCompute, FixedClock, InMemoryBlobStore, InMemoryJobStore, RecordingPublisher
+from gpujobs.adapters.memory import (
+    FakeCompute,
+    FixedClock,
+    InMemoryBlobStore,
+    InMemoryBudgetBook,
+    InMemoryIdleAlarms,
+    InMemoryJobStore,
+    RecordingPublisher,
+    RecordingSignaller,
+)
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.service.jobs import JobService, LaunchConfig
 
@@ -26,6 +35,10 @@ class World:
         self.publisher = RecordingPublisher()
         self.blobs = InMemoryBlobStore()
         self.clock = FixedClock()
+        self.compute.clock = self.clock
+        self.budgets = InMemoryBudgetBook()
+        self.alarms = InMemoryIdleAlarms()
+        self.signaller = RecordingSignaller()
         self.service = JobService(
             store=self.store,
             compute=self.compute,
@@ -39,6 +52,8 @@ class World:
                 allowed_instance_types=ALLOWED,
             ),
             render_user_data=renderer,
+            budgets=self.budgets,
+            alarms=self.alarms,
             jitter=lambda: 0.5,
         )
 

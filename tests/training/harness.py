@@ -79,7 +79,7 @@ class Job:
                         return line
                 seen = len(self.lines)
                 left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None and seen == len(self.lines):
+                if left <= 0 or (self.proc.poll() is not None and seen == len(self.lines)):
                     raise AssertionError("expected output never came:\n" + self.output)
                 self._cond.wait(min(left, 0.2))
 
@@ -111,15 +111,19 @@ class JobResult:
     lines: list[str]
 
     def events(self, name: str) -> list[dict[str, Any]]:
+        # Two ranks share the pipe, so another process's output may share a line with ours.
         found = []
+        decoder = json.JSONDecoder()
         for line in self.lines:
-            if line.startswith("{"):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if record.get("event") == name:
-                    found.append(record)
+            start = line.find('{"event"')
+            if start < 0:
+                continue
+            try:
+                record, _ = decoder.raw_decode(line[start:])
+            except ValueError:
+                continue
+            if record.get("event") == name:
+                found.append(record)
         return found
 
     @property
@@ -174,7 +178,8 @@ def assert_bit_identical(dump_a: Path, dump_b: Path) -> None:
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"weight {name} differs"
     state_a, state_b = a["optimizer"]["state"], b["optimizer"]["state"]
-    assert state_a.keys() == state_b.keys() and state_a, "optimizer state missing"
+    assert state_a, "optimizer state missing"
+    assert state_a.keys() == state_b.keys()
     for index in state_a:
         assert state_a[index].keys() == state_b[index].keys()
         for key in state_a[index]:

@@ -70,7 +70,7 @@ def test_a_spot_notice_saves_the_same_step_on_every_rank_and_the_resume_is_exact
     assert commit["world_size"] == 2
     shard_names = {f["name"] for f in commit["files"]}
     assert {"rng-rank-00000.json", "rng-rank-00001.json", ".metadata"} <= shard_names
-    assert any(("PUT", "/latest/api/token") == r for r in imds.requests)
+    assert any(r == ("PUT", "/latest/api/token") for r in imds.requests)
 
     _resume_and_compare(job_env(str(checkpoints)), tmp_path, baseline, interrupted_at=step)
 
@@ -101,9 +101,11 @@ def test_sigusr1_commits_a_checkpoint_and_training_carries_on_unchanged(tmp_path
     assert result.exit_code == 0, result.output
     assert result.final["step"] == TOTAL_STEPS
     steps = committed_steps(checkpoints)
-    assert steps[-1] == TOTAL_STEPS and commit_of(checkpoints, TOTAL_STEPS)["reason"] == "final"
+    assert steps[-1] == TOTAL_STEPS
+    assert commit_of(checkpoints, TOTAL_STEPS)["reason"] == "final"
     on_demand = [s for s in steps if commit_of(checkpoints, s)["reason"] == "on-demand"]
-    assert len(on_demand) == 1 and 100 <= on_demand[0] < TOTAL_STEPS
+    assert len(on_demand) == 1
+    assert 100 <= on_demand[0] < TOTAL_STEPS
     assert_bit_identical(baseline.state_dump, dump)  # checkpointing did not perturb training
 
 

@@ -68,9 +68,7 @@ class TrainerConfig:
             node_rank=int(_number(source, "GPUJOBS_NODE_RANK", 0)),
             event_bus=source.get("GPUJOBS_EVENT_BUS", "").strip(),
             heartbeat_seconds=_number(source, "GPUJOBS_HEARTBEAT_SECONDS", 60.0),
-            imds_endpoint=(
-                source.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "") or DEFAULT_IMDS_ENDPOINT
-            ).rstrip("/"),
+            imds_endpoint=(source.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "") or DEFAULT_IMDS_ENDPOINT).rstrip("/"),
             imds_poll_seconds=_number(source, "GPUJOBS_IMDS_POLL_SECONDS", 5.0),
             imds_mode=imds_mode,
             collective_timeout_seconds=_number(source, "GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS", 120.0),

@@ -257,4 +257,3 @@ class S3Store:
             step = parse_step_dir(child.name)
             if step is not None and step != keep_step:
                 shutil.rmtree(child, ignore_errors=True)
-

@@ -60,22 +60,76 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def emit(record: dict[str, object]) -> None:
     """A machine-readable line on stdout (and in GPUJOBS_RESULT_FILE for the final result)."""
     line = json.dumps(record)
-    print(line, flush=True)
+    sys.stdout.write(line + "\n")  # one write: other ranks share the stream
+    sys.stdout.flush()
     result_file = os.environ.get("GPUJOBS_RESULT_FILE", "")
     if record.get("event") == "final" and result_file:
         with open(result_file, "w", encoding="utf-8") as handle:
             handle.write(line + "\n")
 
 
+def load_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deterministic split: first 1500 images train, last 297 are held out."""
+    images, labels = load_digits(return_X_y=True)
+    x = torch.tensor(images / 16.0, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.long)
+    return x[:1500], y[:1500], x[1500:], y[1500:]
+
+
+def train(
+    *,
+    args: argparse.Namespace,
+    run: gpujobs_trainer.Run,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    data: tuple[torch.Tensor, torch.Tensor],
+    start: gpujobs_trainer.ResumePoint,
+) -> int:
+    """The loop: batches come from (epoch, offset), so a resume continues mid-epoch exactly."""
+    x_train, y_train = data
+    indices: list[int] = list(range(len(x_train)))
+    sampler: DistributedSampler[int] = DistributedSampler(indices, seed=args.seed, drop_last=True)  # type: ignore[arg-type]
+    step, epoch, offset = start.step, start.epoch, start.offset
+    began = time.monotonic()
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        batches = len(order) // args.batch_size
+        while offset < batches and step < args.steps:
+            batch = torch.tensor(order[offset * args.batch_size : (offset + 1) * args.batch_size])
+            model.train()
+            with run.autocast():
+                loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            scheduler.step()
+            step, offset = step + 1, offset + 1
+            end_of_epoch = offset == batches
+            if end_of_epoch:  # the position to continue from is the start of the next epoch
+                epoch, offset = epoch + 1, 0
+            if run.env.is_main and (step % args.log_every == 0 or step == args.steps):
+                rate = (step - start.step) / max(time.monotonic() - began, 1e-9)
+                print(
+                    f"[digits] step {step:>5}/{args.steps}  epoch {epoch:>3}  loss {loss.item():.4f}"
+                    f"  ({rate:.1f} steps/s)",
+                    flush=True,
+                )
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            if run.step_done(step, epoch=epoch, offset=offset):
+                return step
+            if end_of_epoch:
+                break
+    return step
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.checkpoint_every_steps is not None:
         os.environ["GPUJOBS_CHECKPOINT_EVERY_STEPS"] = str(args.checkpoint_every_steps)
-
-    images, labels = load_digits(return_X_y=True)
-    x = torch.tensor(images / 16.0, dtype=torch.float32)
-    y = torch.tensor(labels, dtype=torch.long)
-    x_train, y_train, x_test, y_test = x[:1500], y[:1500], x[1500:], y[1500:]
+    x_train, y_train, x_test, y_test = load_data()
 
     env = gpujobs_trainer.setup_distributed()
     torch.manual_seed(args.seed)  # identical initial weights on every rank
@@ -91,41 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     if env.is_main:
         emit({"event": "resumed", "step": start.step, "epoch": start.epoch, "offset": start.offset})
 
-    sampler = DistributedSampler(range(len(x_train)), seed=args.seed, drop_last=True)
-    x_train, y_train = x_train.to(env.device), y_train.to(env.device)
-    step, epoch, offset = start.step, start.epoch, start.offset
-    stopped = False
-    began = time.monotonic()
-    while step < args.steps and not stopped:
-        sampler.set_epoch(epoch)
-        order = list(sampler)
-        batches = len(order) // args.batch_size
-        while offset < batches and step < args.steps:
-            batch = torch.tensor(order[offset * args.batch_size : (offset + 1) * args.batch_size])
-            model.train()
-            with run.autocast():
-                loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            step, offset = step + 1, offset + 1
-            end_of_epoch = offset == batches
-            if end_of_epoch:  # the position to continue from is the start of the next epoch
-                epoch, offset = epoch + 1, 0
-            if env.is_main and (step % args.log_every == 0 or step == args.steps):
-                rate = (step - start.step) / max(time.monotonic() - began, 1e-9)
-                print(
-                    f"[digits] step {step:>5}/{args.steps}  epoch {epoch:>3}  loss {loss.item():.4f}"
-                    f"  ({rate:.1f} steps/s)",
-                    flush=True,
-                )
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
-            if run.step_done(step, epoch=epoch, offset=offset):
-                stopped = True
-            if stopped or end_of_epoch:
-                break
+    step = train(
+        args=args,
+        run=run,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=(x_train.to(env.device), y_train.to(env.device)),
+        start=start,
+    )
 
     if env.is_main and not run.preempted:
         net.eval()

@@ -16,7 +16,14 @@ from botocore.exceptions import ClientError
 
 from gpujobs.domain.job import Market
 from gpujobs.domain.ladder import ErrorKind, classify_launch_error
-from gpujobs.service.ports import CapacityError, LaunchedInstance, LaunchRejectedError, LaunchRequest, Subnet
+from gpujobs.service.ports import (
+    CapacityError,
+    LaunchedInstance,
+    LaunchRejectedError,
+    LaunchRequest,
+    Subnet,
+    TaggedInstance,
+)
 
 TAG_STACK = "gpujobs:stack"
 TAG_JOB = "gpujobs:job-id"
@@ -129,6 +136,33 @@ class Ec2Compute:
     def terminate(self, instance_ids: Sequence[str]) -> None:
         if instance_ids:
             self._ec2.terminate_instances(InstanceIds=list(instance_ids))
+
+    def stop(self, instance_ids: Sequence[str]) -> None:
+        if instance_ids:
+            self._ec2.stop_instances(InstanceIds=list(instance_ids))
+
+    def list_instances(self) -> list[TaggedInstance]:
+        filters = [
+            {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
+            {"Name": "instance-state-name", "Values": LIVE_STATES},
+        ]
+        found: list[TaggedInstance] = []
+        for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            for reservation in page["Reservations"]:
+                for inst in reservation["Instances"]:
+                    tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    if TAG_JOB not in tags:
+                        continue
+                    found.append(
+                        TaggedInstance(
+                            instance_id=inst["InstanceId"],
+                            job_id=tags[TAG_JOB],
+                            attempt=int(tags.get(TAG_ATTEMPT, "0") or 0),
+                            state=inst.get("State", {}).get("Name", "unknown"),
+                            launched_at=inst["LaunchTime"],
+                        )
+                    )
+        return found
 
 
 def _launched(instance: dict[str, Any]) -> LaunchedInstance:

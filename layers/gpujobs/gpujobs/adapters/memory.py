@@ -14,7 +14,11 @@ from datetime import UTC, datetime, timedelta
 
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
+from gpujobs.domain.job import Market
+from gpujobs.service.budgets import strictest
 from gpujobs.service.ports import (
+    BudgetMode,
+    BudgetPolicy,
     CapacityError,
     ConcurrentUpdateError,
     JobExistsError,
@@ -23,6 +27,7 @@ from gpujobs.service.ports import (
     LaunchRequest,
     StateChanged,
     Subnet,
+    TaggedInstance,
 )
 
 
@@ -69,6 +74,7 @@ class FakeInstance:
     instance: LaunchedInstance
     request: LaunchRequest
     state: str = "running"
+    launched_at: datetime = field(default_factory=lambda: datetime(2026, 11, 29, tzinfo=UTC))
 
 
 @dataclass
@@ -81,6 +87,9 @@ class FakeCompute:
     refuse: dict[tuple[str, str, str], str] = field(default_factory=dict)
     instances: dict[str, FakeInstance] = field(default_factory=dict)
     calls: list[LaunchRequest] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    clock: FixedClock | None = None
     on_run: Callable[[LaunchRequest], None] | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _by_token: dict[str, list[str]] = field(default_factory=dict)
@@ -103,7 +112,8 @@ class FakeCompute:
             inst = LaunchedInstance(
                 iid, request.instance_type, request.subnet.zone, request.market, index, f"10.0.0.{index + 10}"
             )
-            self.instances[iid] = FakeInstance(inst, request)
+            launched_at = self.clock.now() if self.clock else datetime(2026, 11, 29, tzinfo=UTC)
+            self.instances[iid] = FakeInstance(inst, request, launched_at=launched_at)
             launched.append(inst)
         self._by_token[request.client_token] = [i.instance_id for i in launched]
         return launched
@@ -121,6 +131,20 @@ class FakeCompute:
         for iid in instance_ids:
             if iid in self.instances:
                 self.instances[iid].state = "terminated"
+                self.terminated.append(iid)
+
+    def stop(self, instance_ids: Sequence[str]) -> None:
+        for iid in instance_ids:
+            if iid in self.instances:
+                self.instances[iid].state = "stopped"
+                self.stopped.append(iid)
+
+    def list_instances(self) -> list[TaggedInstance]:
+        return [
+            TaggedInstance(iid, f.request.job_id, f.request.attempt, f.state, f.launched_at)
+            for iid, f in self.instances.items()
+            if f.state != "terminated"
+        ]
 
     def live(self) -> list[FakeInstance]:
         return [f for f in self.instances.values() if f.state == "running"]
@@ -153,3 +177,49 @@ class FixedClock:
 
     def advance(self, **kwargs: float) -> None:
         self.current += timedelta(**kwargs)
+
+
+@dataclass
+class RecordingSignaller:
+    signals: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+
+    def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
+        self.signals.append((tuple(instance_ids), container))
+
+
+@dataclass
+class InMemoryIdleAlarms:
+    alarms: dict[str, tuple[str, float, int]] = field(default_factory=dict)
+    """instance id -> (job id, below percent, minutes)"""
+
+    def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
+        for iid in instance_ids:
+            self.alarms[iid] = (job_id, below_percent, minutes)
+
+    def delete(self, *, instance_ids: Sequence[str]) -> None:
+        for iid in instance_ids:
+            self.alarms.pop(iid, None)
+
+
+@dataclass
+class InMemoryBudgetBook:
+    policies: dict[str, BudgetPolicy] = field(default_factory=dict)
+
+    def policy_for(self, team: str) -> BudgetPolicy:
+        return strictest([self.policies.get(team), self.policies.get("all")], team)
+
+    def set_policy(self, policy: BudgetPolicy) -> None:
+        self.policies[policy.scope] = policy
+
+    def held_scopes(self) -> list[BudgetPolicy]:
+        return [p for p in self.policies.values() if p.mode is not BudgetMode.NORMAL]
+
+
+@dataclass
+class TablePrices:
+    """Prices from a dict, for tests: (instance_type, market) -> USD per hour."""
+
+    table: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
+        return self.table.get((instance_type, market.value))

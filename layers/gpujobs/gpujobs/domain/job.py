@@ -66,6 +66,35 @@ class Attempt(_Frozen):
     tries: tuple[LaunchTry, ...] = ()
     lease_expires_at: datetime | None = None
     """While LAUNCHING: until when the launcher that started this attempt owns it."""
+    interrupted_at: datetime | None = None
+    """When a spot warning (or a preempted exit) marked this attempt as being reclaimed."""
+    exit_codes: dict[str, int] = Field(default_factory=dict)
+    """Container exit code per instance id, as each node reported it (`Job Exited`)."""
+    gone: tuple[str, ...] = ()
+    """Instances seen stopping, stopped, shutting down or terminated."""
+    gone_at: datetime | None = None
+    """When the last of the attempt's instances was seen gone."""
+    last_heartbeat_at: datetime | None = None
+    heartbeat_step: int | None = None
+    checkpoint_signalled_at: datetime | None = None
+
+    @property
+    def all_gone(self) -> bool:
+        return bool(self.instance_ids) and set(self.instance_ids) <= set(self.gone)
+
+    @property
+    def all_reported(self) -> bool:
+        return bool(self.instance_ids) and set(self.instance_ids) <= set(self.exit_codes)
+
+    @property
+    def pool(self) -> tuple[str, str, Market] | None:
+        if self.instance_type and self.zone and self.market:
+            return (self.instance_type, self.zone, self.market)
+        return None
+
+    def container_name(self, job_id: str) -> str:
+        """The name the bootstrap gives the training container (the SSM signal addresses it)."""
+        return f"gpujobs-{job_id}-a{self.number}"
 
     @property
     def is_over(self) -> bool:
@@ -74,6 +103,19 @@ class Attempt(_Frozen):
     def client_token(self, job_id: str, rung: int) -> str:
         """EC2 idempotency token: a retried RunInstances for the same rung never doubles instances."""
         return f"{job_id}-a{self.number}-r{rung}"
+
+
+class StopRequest(_Frozen):
+    """A policy asked the job to stop (idle, budget, runtime or cost cap). The instances go only
+    once a checkpoint committed after `requested_at` is reported, or when `deadline` passes."""
+
+    reason: Reason
+    requested_at: datetime
+    deadline: datetime
+    checkpoint_step_at_request: int | None = None
+    detail: str = ""
+    executed_at: datetime | None = None
+    """When the instances were terminated (spot) or stopped (on-demand) for this request."""
 
 
 class Job(_Frozen):
@@ -95,8 +137,10 @@ class Job(_Frozen):
     crashes: int = 0
     checkpoint_step: int | None = None
     """Newest committed checkpoint step over all attempts: where the next attempt resumes."""
+    checkpoint_uri: str | None = None
     next_try_at: datetime | None = None
     hold_reason: str | None = None
+    stop_request: StopRequest | None = None
     source_message_id: str | None = None
     status_detail: str = Field(default="", description="last human-readable word on this job")
 
@@ -113,6 +157,16 @@ class Job(_Frozen):
     @property
     def all_instance_ids(self) -> tuple[str, ...]:
         return tuple(i for a in self.attempts for i in a.instance_ids)
+
+    def attempt(self, number: int) -> Attempt | None:
+        return next((a for a in self.attempts if a.number == number), None)
+
+    def attempt_of_instance(self, instance_id: str) -> Attempt | None:
+        return next((a for a in reversed(self.attempts) if instance_id in a.instance_ids), None)
+
+    def is_current(self, attempt: Attempt) -> bool:
+        current = self.current_attempt
+        return current is not None and current.number == attempt.number
 
     def require_spec(self) -> JobSpec:
         if self.spec is None:

@@ -86,13 +86,17 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(L, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
     Transition(L, Q, Reason.BUDGET_HOLD, "the budget was exhausted before the launch"),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
-    Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning arrived; checkpoint and replace"),
+    Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
+    Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
     Transition(R, JobState.SUCCEEDED, Reason.COMPLETED, "every node exited 0"),
     Transition(R, Q, Reason.CRASHED_RETRYING, "the attempt crashed; attempts remain"),
-    Transition(R, Q, Reason.INSTANCE_LOST, "the instances vanished without a report; relaunch"),
+    Transition(R, Q, Reason.INSTANCE_LOST, "on-demand instances vanished without a report; relaunch"),
+    Transition(R, JobState.FAILED, Reason.INSTANCE_LOST, "instances vanished without a report once too often"),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
     Transition(INT, L, Reason.REPLACEMENT_LAUNCHING, "the replacement attempt is being launched"),
+    Transition(INT, JobState.SUCCEEDED, Reason.COMPLETED, "the reclaimed attempt finished before any replacement"),
     Transition(INT, Q, Reason.NO_CAPACITY, "no pool had capacity for the replacement; retry later"),
+    Transition(INT, Q, Reason.BUDGET_HOLD, "the budget is exhausted; the replacement is held"),
     Transition(INT, JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN, "spot-only job past max_interruptions"),
     *(Transition(s, JobState.CANCELLED, Reason.USER_CANCELLED, "a user cancelled the job") for s in _ACTIVE),
     *(
@@ -105,7 +109,6 @@ TRANSITIONS: tuple[Transition, ...] = (
             (Reason.MAX_COST, "max_cost_usd reached; stopped after a checkpoint"),
         )
     ),
-    Transition(Q, JobState.STOPPED, Reason.BUDGET_EXCEEDED, "held past the budget period by an exceeded budget"),
 )
 
 _BY_KEY = {(t.source, t.target, t.reason): t for t in TRANSITIONS}

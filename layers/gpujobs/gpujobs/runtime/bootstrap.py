@@ -14,6 +14,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from gpujobs.adapters.budgets import DynamoBudgetBook
+from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
@@ -59,6 +61,8 @@ def build_job_service(settings: Settings) -> JobService:
             allowed_instance_types=settings.allowed_instance_types,
         ),
         render_user_data=render_user_data_lazily,
+        budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),
+        alarms=CloudWatchIdleAlarms(client=client("cloudwatch", settings), stack_name=settings.stack_name),
     )
 
 

@@ -23,6 +23,10 @@ from gpujobs.domain.spec import TEAM_PATTERN, JobSpec, SpecError, parse_document
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.ports import (
     BlobStore,
+    BudgetBook,
+    BudgetMode,
+    BudgetPolicy,
+    IdleAlarms,
     CapacityError,
     Clock,
     Compute,
@@ -74,6 +78,8 @@ class JobService:
     clock: Clock
     config: LaunchConfig
     render_user_data: UserDataRenderer
+    budgets: BudgetBook
+    alarms: IdleAlarms
     jitter: Callable[[], float] = field(default=random.random)
 
     # ---- submit ---------------------------------------------------------------------------
@@ -120,7 +126,8 @@ class JobService:
         """Start (or take over) a launch for a job that is due one; a no-op for any other job."""
         for _ in range(MAX_RACE_RETRIES):
             job = self.store.get(job_id)
-            claimed = self._claim_launch(job, self.clock.now())
+            policy = self.budgets.policy_for(job.team) if job.spec else None
+            claimed = self._claim_launch(job, self.clock.now(), policy)
             if claimed is None:
                 return job
             try:
@@ -128,8 +135,10 @@ class JobService:
             except ConcurrentUpdateError:
                 continue
             self._publish(job, owned)
+            if owned.state is not JobState.LAUNCHING:  # held by the budget
+                return owned
             try:
-                return self._walk_ladder(owned)
+                return self._walk_ladder(owned, spot_only=policy is not None and policy.mode is BudgetMode.SPOT_ONLY)
             except Exception:
                 self._release_lease(owned)
                 raise
@@ -144,10 +153,10 @@ class JobService:
         released = attempt.model_copy(update={"lease_expires_at": self.clock.now()})
         try:
             self.store.save(job.with_attempt(released, now=self.clock.now()))
-        except Exception:
+        except Exception:  # noqa: BLE001 - the original error is the one worth raising
             log.warning("could not release the launch lease of %s", job.job_id, exc_info=True)
 
-    def _claim_launch(self, job: Job, now: datetime) -> Job | None:
+    def _claim_launch(self, job: Job, now: datetime, policy: BudgetPolicy | None) -> Job | None:
         attempt = job.current_attempt
         if job.state is JobState.QUEUED:
             if job.next_try_at and job.next_try_at > now:
@@ -155,29 +164,42 @@ class JobService:
             reason = Reason.LAUNCH_STARTED
         elif job.state is JobState.INTERRUPTED:
             reason = Reason.REPLACEMENT_LAUNCHING
-        elif (
-            job.state is JobState.LAUNCHING and attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now
-        ):
-            renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
-            return job.with_attempt(renewed, now=now)
+        elif job.state is JobState.LAUNCHING and attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now:
+            reason = Reason.LAUNCH_STARTED
         else:
             return None
+        if policy is not None and policy.mode is BudgetMode.HOLD:
+            hold = f"budget hold ({policy.scope}): {policy.reason}".strip()
+            if job.state is JobState.QUEUED and job.hold_reason == hold:
+                return None
+            if job.state is JobState.LAUNCHING and attempt is not None:
+                job = job.with_attempt(
+                    attempt.model_copy(update={"ended_at": now, "end_reason": Reason.BUDGET_HOLD.value}), now=now
+                )
+            return job.transition(JobState.QUEUED, Reason.BUDGET_HOLD, now=now, detail=hold, hold_reason=hold)
+        if job.state is JobState.LAUNCHING and attempt is not None:
+            renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
+            return job.with_attempt(renewed, now=now)
         fresh = Attempt(
             number=len(job.attempts) + 1,
             started_at=now,
             resume_from_step=job.checkpoint_step,
             lease_expires_at=now + LAUNCH_LEASE,
         )
-        return job.with_attempt(fresh, now=now).transition(JobState.LAUNCHING, reason, now=now, next_try_at=None)
+        return job.with_attempt(fresh, now=now).transition(
+            JobState.LAUNCHING, reason, now=now, next_try_at=None, hold_reason=None
+        )
 
-    def _walk_ladder(self, job: Job) -> Job:
+    def _walk_ladder(self, job: Job, *, spot_only: bool = False) -> Job:
         spec, attempt = job.require_spec(), job.current_attempt
         assert attempt is not None
         existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
         if len(existing) >= spec.nodes:  # a crashed launcher got this far: adopt, never launch twice
             return self._record_launched(job, existing, subnet_id=attempt.subnet_id, tries=attempt.tries)
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.compute.subnets()]
-        ladder = plan_ladder(spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job))
+        ladder = plan_ladder(
+            spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
+        )
         user_data = self._user_data(job, attempt)
         tries = list(attempt.tries)
         for index, rung in enumerate(ladder):
@@ -276,6 +298,14 @@ class JobService:
                 self.compute.terminate([i.instance_id for i in launched])
             return current
         self._publish(job, saved)
+        if spec_wants_idle_alarms(saved):
+            spec = saved.require_spec()
+            self.alarms.create(
+                job_id=saved.job_id,
+                instance_ids=[i.instance_id for i in launched],
+                below_percent=spec.idle.gpu_util_below_percent,
+                minutes=spec.idle.for_minutes,
+            )
         return saved
 
     def _end_launch(self, job: Job, tries: list[LaunchTry], target: JobState, reason: Reason, detail: str) -> Job:
@@ -401,13 +431,16 @@ def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
 
 
 def _reclaimed_pool(job: Job) -> tuple[str, str, Market] | None:
-    """The pool of the newest attempt that was lost to a spot interruption, if any."""
+    """The pool of the newest attempt that ran, if it was reclaimed: the replacement avoids it."""
     for attempt in reversed(job.attempts[:-1]):
-        if attempt.instance_type and attempt.zone and attempt.market:
-            if attempt.end_reason == Reason.SPOT_INTERRUPTION.value:
-                return (attempt.instance_type, attempt.zone, attempt.market)
-            return None
+        if attempt.pool is not None:
+            return attempt.pool if attempt.interrupted_at is not None else None
     return None
+
+
+def spec_wants_idle_alarms(job: Job) -> bool:
+    """GPU jobs get an idle alarm per instance (CPU smoke jobs have no GPU metric to watch)."""
+    return job.spec is not None and job.spec.gpus_per_node > 0
 
 
 def _capacity_failures_in_a_row(job: Job) -> int:

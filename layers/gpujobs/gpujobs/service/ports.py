@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Protocol
 
 from gpujobs.domain.job import Job, Market
@@ -119,6 +120,66 @@ class Compute(Protocol):
         """Non-terminated instances tagged with this job (and attempt)."""
 
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
+
+    def stop(self, instance_ids: Sequence[str]) -> None:
+        """Stop (not terminate) on-demand instances; spot instances cannot be stopped."""
+
+    def list_instances(self) -> list[TaggedInstance]:
+        """Every non-terminated instance carrying this stack's tag (one paginated query)."""
+
+
+@dataclass(frozen=True)
+class TaggedInstance:
+    instance_id: str
+    job_id: str
+    attempt: int
+    state: str
+    launched_at: datetime
+
+
+class Signaller(Protocol):
+    def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
+        """Ask the training container to save a checkpoint now and keep training (SIGUSR1)."""
+
+
+class IdleAlarms(Protocol):
+    def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
+        """One GPU-idle alarm per instance (CWAgent nvidia_smi_utilization_gpu by InstanceId)."""
+
+    def delete(self, *, instance_ids: Sequence[str]) -> None: ...
+
+
+class BudgetMode(StrEnum):
+    NORMAL = "normal"
+    SPOT_ONLY = "spot-only"
+    """A forecasted breach: launches may use spot only."""
+    HOLD = "hold"
+    """An actual breach: no launches; running jobs of the scope are checkpointed and stopped."""
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    scope: str
+    """A team name, or "all"."""
+    mode: BudgetMode
+    reason: str = ""
+    period: str = ""
+    """The budget period the mode applies to (e.g. 2026-11); it lapses when the period rolls over."""
+    since: datetime | None = None
+
+
+class BudgetBook(Protocol):
+    def policy_for(self, team: str) -> BudgetPolicy:
+        """The strictest policy over the team's scope and "all"."""
+
+    def set_policy(self, policy: BudgetPolicy) -> None: ...
+
+    def held_scopes(self) -> list[BudgetPolicy]:
+        """Every scope whose mode is not NORMAL."""
+
+
+class Prices(Protocol):
+    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None: ...
 
 
 # ---- events, blobs, clock -------------------------------------------------------------------

@@ -1,0 +1,209 @@
+"""Checkpoint benchmark for gpujobs_trainer (CPU, one process, gloo world of 1).
+
+Measures, for a model + AdamW state of about --size-gb GB:
+  1. synchronous checkpoint write throughput / raw sequential write (same bytes, same disk, fsync),
+  2. training stall per asynchronous checkpoint / synchronous save time,
+  3. time from a spot interruption notice (fake IMDSv2) to the committed checkpoint, on local disk
+     and on S3 (moto server on 127.0.0.1).
+
+    .venv/bin/python bench/checkpoint_bench.py --json bench/checkpoint_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import gpujobs_trainer  # noqa: E402
+from gpujobs_trainer.config import TrainerConfig  # noqa: E402
+from gpujobs_trainer.storage import local_sizes  # noqa: E402
+from tests.training.harness import FakeImds  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build(size_gb: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    width = 4096
+    params_wanted = size_gb * 1e9 / 12  # fp32 weights + two Adam moments = 12 bytes/param
+    layers = max(1, round(params_wanted / (width * width)))
+    model = gpujobs_trainer.prepare_model(nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer.step()  # materialise the Adam moments
+    return model, optimizer
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+    return total
+
+
+def raw_write(folder: Path, nbytes: int) -> float:
+    chunk = os.urandom(64 * 1024 * 1024)
+    path = folder / "raw.bin"
+    started = time.perf_counter()
+    with open(path, "wb") as handle:
+        written = 0
+        while written < nbytes:
+            piece = chunk[: min(len(chunk), nbytes - written)]
+            handle.write(piece)
+            written += len(piece)
+        handle.flush()
+        os.fsync(handle.fileno())
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return seconds
+
+
+def make_run(model: nn.Module, optimizer: torch.optim.Optimizer, env: dict[str, str]) -> gpujobs_trainer.Run:
+    return gpujobs_trainer.init(model=model, optimizer=optimizer, config=TrainerConfig.from_env(env))
+
+
+def sync_and_async(model: nn.Module, optimizer: torch.optim.Optimizer, root: Path, reps: int) -> dict[str, Any]:
+    run = make_run(model, optimizer, {"GPUJOBS_CHECKPOINT_URI": str(root / "ckpt"), "GPUJOBS_IMDS": "off"})
+    manager = run.checkpoints
+    sync_times, checkpoint_bytes = [], 0
+    for i in range(reps):
+        started = time.perf_counter()
+        result = manager.save(step=i + 1, reason="periodic", position={}, blocking=True).result()
+        sync_times.append(time.perf_counter() - started)
+        assert result.committed
+        checkpoint_bytes = sum(local_sizes(manager.store.staging_dir(i + 1)).values())
+    raw_times = [raw_write(root, checkpoint_bytes) for _ in range(reps)]
+    stalls, async_totals = [], []
+    for i in range(reps):
+        started = time.perf_counter()
+        future = manager.save(step=100 + i, reason="periodic", position={}, blocking=False)
+        stalls.append(time.perf_counter() - started)
+        assert future.result().committed
+        async_totals.append(time.perf_counter() - started)
+    manager.close()
+    sync_s, raw_s = statistics.median(sync_times), statistics.median(raw_times)
+    return {
+        "checkpoint_bytes": checkpoint_bytes,
+        "sync_save_s": sync_s,
+        "sync_throughput_mb_s": checkpoint_bytes / sync_s / 1e6,
+        "raw_write_s": raw_s,
+        "raw_throughput_mb_s": checkpoint_bytes / raw_s / 1e6,
+        "sync_vs_raw_ratio": raw_s / sync_s,
+        "async_stall_s": statistics.median(stalls),
+        "async_total_s": statistics.median(async_totals),
+        "async_stall_vs_sync_ratio": statistics.median(stalls) / sync_s,
+    }
+
+
+def notice_to_commit(model: nn.Module, optimizer: torch.optim.Optimizer, env: dict[str, str], step_s: float) -> float:
+    with FakeImds() as imds:
+        env = {**env, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint, "GPUJOBS_IMDS_POLL_SECONDS": "0.1"}
+        run = make_run(model, optimizer, env)
+        step = 0
+        noticed_at = 0.0
+        while True:
+            step += 1
+            time.sleep(step_s)  # stands in for a training step
+            if step == 5:
+                imds.announce_termination()
+                noticed_at = time.perf_counter()
+            if run.step_done(step):
+                break
+        elapsed = time.perf_counter() - noticed_at
+        assert run.exit_code == gpujobs_trainer.PREEMPTED_EXIT_CODE
+        run.checkpoints.close()
+        if run.watcher is not None:
+            run.watcher.stop()
+        return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-gb", type=float, default=1.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", default="", help="where to write (default: a temp dir on /tmp)")
+    parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 measurement")
+    parser.add_argument("--json", default="", help="also write the results here")
+    args = parser.parse_args()
+
+    os.environ.update(
+        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    )
+    gpujobs_trainer.setup_distributed()
+    model, optimizer = build(args.size_gb)
+    results: dict[str, Any] = {"state_bytes": state_bytes(model, optimizer), "torch": torch.__version__}
+    with tempfile.TemporaryDirectory(dir=args.dir or None) as tmp:
+        root = Path(tmp)
+        results.update(sync_and_async(model, optimizer, root, args.reps))
+        step_s = 0.05
+        results["notice_to_commit_local_s"] = notice_to_commit(
+            model, optimizer, {"GPUJOBS_CHECKPOINT_URI": str(root / "preempt")}, step_s
+        )
+        if not args.no_s3:
+            import boto3
+            from moto.server import ThreadedMotoServer
+
+            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            server.start()
+            host, port = server.get_host_and_port()
+            os.environ.update(
+                {
+                    "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+                    "AWS_ACCESS_KEY_ID": "testing",
+                    "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1",
+                }
+            )
+            boto3.client("s3").create_bucket(Bucket="bench")
+            results["notice_to_commit_s3_moto_s"] = notice_to_commit(
+                model,
+                optimizer,
+                {"GPUJOBS_CHECKPOINT_URI": "s3://bench/ckpt", "GPUJOBS_LOCAL_CHECKPOINT_DIR": str(root / "stage")},
+                step_s,
+            )
+            server.stop()
+    results["step_seconds_simulated"] = step_s
+    print_table(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def print_table(r: dict[str, Any]) -> None:
+    rows = [
+        ("model + AdamW state", f"{r['state_bytes'] / 1e9:.2f} GB", ""),
+        ("checkpoint on disk", f"{r['checkpoint_bytes'] / 1e9:.2f} GB", ""),
+        ("raw sequential write (fsync)", f"{r['raw_write_s']:.2f} s  {r['raw_throughput_mb_s']:.0f} MB/s", ""),
+        ("sync checkpoint save", f"{r['sync_save_s']:.2f} s  {r['sync_throughput_mb_s']:.0f} MB/s", ""),
+        ("sync throughput / raw", f"{r['sync_vs_raw_ratio']:.2f}", "target >= 0.7"),
+        ("async save: training stall", f"{r['async_stall_s']:.3f} s (total {r['async_total_s']:.2f} s)", ""),
+        ("async stall / sync save", f"{r['async_stall_vs_sync_ratio']:.3f}", "target <= 0.1"),
+        ("notice -> committed, local disk", f"{r['notice_to_commit_local_s']:.2f} s", "IMDS poll 0.1 s"),
+    ]
+    if "notice_to_commit_s3_moto_s" in r:
+        rows.append(("notice -> committed, S3 (moto)", f"{r['notice_to_commit_s3_moto_s']:.2f} s", "IMDS poll 0.1 s"))
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:<32} {note}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""GPU-idle alarms: one CloudWatch alarm per instance on the CloudWatch agent's NVIDIA metric.
+
+`AWS/EC2` has no GPU metric; the bootstrap starts the CloudWatch agent with
+`aggregation_dimensions [["InstanceId"]]`, which publishes `CWAgent / nvidia_smi_utilization_gpu`
+with exactly the `InstanceId` dimension an alarm must match. Alarms carry no actions: their state
+change reaches the control plane through an EventBridge rule on the name prefix, which checkpoints
+before anything is stopped. Missing data is not breaching, so a silent agent never reads as idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+ALARM_PREFIX = "gpujobs-idle-"
+PERIOD_SECONDS = 60
+
+
+def alarm_name(stack: str, instance_id: str) -> str:
+    return f"{ALARM_PREFIX}{stack}-{instance_id}"
+
+
+class CloudWatchIdleAlarms:
+    def __init__(self, *, client: Any, stack_name: str) -> None:
+        self._cw = client
+        self._stack = stack_name
+
+    def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
+        for iid in instance_ids:
+            self._cw.put_metric_alarm(
+                AlarmName=alarm_name(self._stack, iid),
+                AlarmDescription=f"gpujobs {job_id}: GPU utilization below {below_percent}% for {minutes} min",
+                Namespace="CWAgent",
+                MetricName="nvidia_smi_utilization_gpu",
+                Dimensions=[{"Name": "InstanceId", "Value": iid}],
+                Statistic="Average",
+                Period=PERIOD_SECONDS,
+                EvaluationPeriods=minutes,
+                DatapointsToAlarm=minutes,
+                Threshold=float(below_percent),
+                ComparisonOperator="LessThanThreshold",
+                TreatMissingData="notBreaching",
+                ActionsEnabled=False,
+                Tags=[
+                    {"Key": "gpujobs:stack", "Value": self._stack},
+                    {"Key": "gpujobs:job-id", "Value": job_id},
+                ],
+            )
+
+    def delete(self, *, instance_ids: Sequence[str]) -> None:
+        names = [alarm_name(self._stack, iid) for iid in instance_ids]
+        for start in range(0, len(names), 100):
+            self._cw.delete_alarms(AlarmNames=names[start : start + 100])

@@ -1,0 +1,28 @@
+"""'Checkpoint now' through SSM Run Command, using the stack's own command document.
+
+The document (`CheckpointNowDocument` in template.yaml) takes the container name as a parameter
+whose allowedPattern only admits gpujobs container names, and runs `docker kill --signal SIGUSR1`
+on it: no shell text is ever built from a string here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class SsmSignaller:
+    def __init__(self, *, client: Any, document_name: str) -> None:
+        self._ssm = client
+        self._document = document_name
+
+    def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
+        if not instance_ids:
+            return
+        self._ssm.send_command(
+            InstanceIds=list(instance_ids),
+            DocumentName=self._document,
+            Parameters={"containerName": [container]},
+            TimeoutSeconds=60,
+            Comment=f"gpujobs checkpoint now: {container}"[:100],
+        )

@@ -1,0 +1,137 @@
+"""What an attempt's end means for its job: a pure judgement over what has been observed.
+
+Observations arrive as events in any order, twice, or not at all: `Job Exited` reports from each
+node, instance state changes, spot warnings. They are recorded on the attempt first; then
+`judge_attempt` reads the whole record and answers with a verdict. Because the verdict depends
+only on the record, running it again (a duplicate event, the reconciler a minute later) gives the
+same answer, and a report that arrives after the instances are gone still counts if it arrives
+within the grace period.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from gpujobs.domain.job import Attempt, Job, Market
+from gpujobs.domain.spec import Capacity
+from gpujobs.domain.states import JobState, Reason
+
+PREEMPTED_EXIT_CODE = 75
+"""The trainer's "preempted, checkpoint saved, resume me" exit code (EX_TEMPFAIL)."""
+REPORT_GRACE = timedelta(seconds=90)
+"""How long to wait, after an attempt's instances are gone, for exit reports still in flight."""
+STOP_CHECKPOINT_DEADLINE = timedelta(minutes=10)
+"""How long a policy stop waits for the checkpoint it asked for before stopping anyway."""
+
+
+class Verdict(StrEnum):
+    WAIT = "wait"
+    """Not enough is known yet."""
+    TERMINATE_GANG = "terminate-gang"
+    """A node crashed: the rest of the gang cannot make progress; terminate it, then judge."""
+    SUCCEEDED = "succeeded"
+    INTERRUPTED = "interrupted"
+    """Reclaimed (spot warning, preempted exit or spot loss): replace, counted as an interruption."""
+    CRASHED = "crashed"
+    """Failed: retry while attempts remain."""
+    LOST = "lost"
+    """Gone without a report and not spot: relaunch, counted against max_attempts."""
+    STOPPED = "stopped"
+    """A policy stop completed."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    detail: str = ""
+
+
+def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
+    """The verdict for one attempt, from what has been recorded on it."""
+    codes = attempt.exit_codes
+    crashed = {i: c for i, c in codes.items() if c not in (0, PREEMPTED_EXIT_CODE)}
+    preempted = [i for i, c in codes.items() if c == PREEMPTED_EXIT_CODE]
+    grace_over = attempt.gone_at is not None and now - attempt.gone_at >= REPORT_GRACE
+    # Instances that a policy stop took away need no grace: we know why they are gone.
+    settled = attempt.all_reported or (attempt.all_gone and (grace_over or job.stop_request is not None))
+    if crashed and not attempt.all_gone and not attempt.all_reported:
+        return Judgement(Verdict.TERMINATE_GANG, _codes(crashed))
+    if not settled:
+        return Judgement(Verdict.WAIT)
+    if job.stop_request is not None and not crashed:
+        return Judgement(Verdict.STOPPED, job.stop_request.detail or job.stop_request.reason.value)
+    if crashed:
+        return Judgement(Verdict.CRASHED, _codes(crashed))
+    if codes and all(c == 0 for c in codes.values()) and attempt.all_reported:
+        return Judgement(Verdict.SUCCEEDED, f"{len(codes)} node(s) exited 0")
+    if preempted or attempt.interrupted_at is not None:
+        return Judgement(Verdict.INTERRUPTED, "checkpoint saved on preemption" if preempted else "reclaimed")
+    missing = [i for i in attempt.instance_ids if i not in codes]
+    if attempt.market is Market.SPOT:
+        return Judgement(Verdict.INTERRUPTED, f"spot instances gone without a report: {', '.join(missing)}")
+    return Judgement(Verdict.LOST, f"instances gone without a report: {', '.join(missing)}")
+
+
+def _codes(crashed: dict[str, int]) -> str:
+    return "exit " + ", ".join(f"{code} on {iid}" for iid, code in sorted(crashed.items()))
+
+
+@dataclass(frozen=True)
+class Move:
+    """The transitions that follow a verdict on the job's current attempt, in order."""
+
+    steps: tuple[tuple[JobState, Reason], ...]
+    relaunch: bool
+    counts_interruption: bool = False
+    counts_crash: bool = False
+
+
+def moves_for(job: Job, judgement: Judgement) -> Move | None:
+    """How the job moves once its current attempt has ended with this verdict (None: it doesn't)."""
+    spec = job.require_spec()
+    state = job.state
+    if state not in (JobState.RUNNING, JobState.INTERRUPTED):
+        return None
+    verdict = judgement.verdict
+    if verdict is Verdict.SUCCEEDED:
+        return Move(((JobState.SUCCEEDED, Reason.COMPLETED),), relaunch=False)
+    if verdict is Verdict.STOPPED:
+        assert job.stop_request is not None
+        return Move(((JobState.STOPPED, job.stop_request.reason),), relaunch=False)
+    if verdict is Verdict.INTERRUPTED:
+        return interruption_moves(job, already_counted=state is JobState.INTERRUPTED)
+    if verdict is Verdict.CRASHED:
+        if job.crashes + 1 >= spec.max_attempts:
+            return Move(((JobState.FAILED, Reason.CRASHED_TOO_OFTEN),), relaunch=False, counts_crash=True)
+        return Move(((JobState.QUEUED, Reason.CRASHED_RETRYING),), relaunch=True, counts_crash=True)
+    if verdict is Verdict.LOST:
+        if job.crashes + 1 >= spec.max_attempts:
+            return Move(((JobState.FAILED, Reason.INSTANCE_LOST),), relaunch=False, counts_crash=True)
+        return Move(((JobState.QUEUED, Reason.INSTANCE_LOST),), relaunch=True, counts_crash=True)
+    return None
+
+
+def interruption_moves(job: Job, *, already_counted: bool = False) -> Move:
+    """RUNNING -> INTERRUPTED, then a replacement, unless a spot-only job is past its limit."""
+    spec = job.require_spec()
+    interruptions = job.interruptions + (0 if already_counted else 1)
+    steps: list[tuple[JobState, Reason]] = []
+    if job.state is JobState.RUNNING:
+        steps.append((JobState.INTERRUPTED, Reason.SPOT_INTERRUPTION))
+    if spec.capacity is Capacity.SPOT and interruptions > spec.max_interruptions:
+        steps.append((JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN))
+        return Move(tuple(steps), relaunch=False, counts_interruption=not already_counted)
+    return Move(tuple(steps), relaunch=True, counts_interruption=not already_counted)
+
+
+def stop_is_due(job: Job, *, now: datetime) -> bool:
+    """A policy stop may take the instances now: its checkpoint arrived or its deadline passed."""
+    request = job.stop_request
+    if request is None:
+        return False
+    newer = job.checkpoint_step is not None and (
+        request.checkpoint_step_at_request is None or job.checkpoint_step > request.checkpoint_step_at_request
+    )
+    return newer or now >= request.deadline

@@ -1,0 +1,132 @@
+"""The launcher's pure parts: environment -> torchrun command line, outcomes -> one exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE, CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_CODE
+from gpujobs_trainer.errors import ConfigError
+from gpujobs_trainer.events import EventBridgePublisher
+from gpujobs_trainer.launch import child_pids, plan_from_env, split_command, torchrun_argv
+from gpujobs_trainer.outcome import WorkerOutcome, decide_exit, read_outcomes, write_outcome
+
+COMMAND = ["python", "train.py", "--note", "a; rm -rf / $(whoami)"]
+
+
+def test_a_single_node_job_uses_a_standalone_rendezvous_and_the_command_as_argv() -> None:
+    plan = plan_from_env({"GPUJOBS_JOB_ID": "j1", "GPUJOBS_ATTEMPT": "3"}, COMMAND, gpu_count=0)
+    argv = torchrun_argv(plan, python="py")
+    assert argv[:3] == ["py", "-m", "torch.distributed.run"]
+    assert "--standalone" in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "1"
+    assert argv[-len(COMMAND) - 1 :] == ["--no-python", *COMMAND]  # passed through verbatim, no shell
+
+
+def test_a_multi_node_job_meets_at_the_rank0_ip_with_a_fresh_rendezvous_per_attempt() -> None:
+    env = {
+        "GPUJOBS_NNODES": "4",
+        "GPUJOBS_NODE_RANK": "2",
+        "GPUJOBS_MASTER_ADDR": "10.0.0.5",
+        "GPUJOBS_MASTER_PORT": "29999",
+        "GPUJOBS_JOB_ID": "j1",
+        "GPUJOBS_ATTEMPT": "3",
+    }
+    argv = torchrun_argv(plan_from_env(env, COMMAND, gpu_count=8))
+
+    def value(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert (value("--nnodes"), value("--node-rank"), value("--nproc-per-node")) == ("4", "2", "8")
+    assert (value("--master-addr"), value("--master-port")) == ("10.0.0.5", "29999")
+    assert value("--rdzv-id") == "j1-attempt-3"
+    assert "--standalone" not in argv
+    assert value("--max-restarts") == "0"
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"GPUJOBS_NNODES": "2"}, "GPUJOBS_MASTER_ADDR"),
+        ({"GPUJOBS_NNODES": "2", "GPUJOBS_NODE_RANK": "2", "GPUJOBS_MASTER_ADDR": "h"}, "outside 0..1"),
+        ({"GPUJOBS_NPROC_PER_NODE": "two"}, "GPUJOBS_NPROC_PER_NODE must be an integer"),
+    ],
+)
+def test_an_inconsistent_launch_environment_is_named(env: dict[str, str], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        plan_from_env(env, COMMAND, gpu_count=0)
+
+
+def test_the_command_is_everything_after_the_double_dash() -> None:
+    assert split_command(["--", *COMMAND]) == COMMAND
+
+
+def _outcomes(*codes: int) -> list[WorkerOutcome]:
+    return [WorkerOutcome(rank=i, exit_code=c, reason="x") for i, c in enumerate(codes)]
+
+
+@pytest.mark.parametrize(
+    ("torchrun_code", "codes", "expected"),
+    [
+        (0, (0, 0), (SUCCESS_EXIT_CODE, "succeeded")),
+        (1, (75, 75), (PREEMPTED_EXIT_CODE, "preempted")),  # torchrun says 1 after SIGTERM
+        (1, (75,), (CRASH_EXIT_CODE, "crashed")),  # one worker never reported: not a clean save
+        (1, (75, 1), (CRASH_EXIT_CODE, "crashed")),
+        (1, (78, 78), (CONFIG_ERROR_EXIT_CODE, "config-error")),
+        (-9, (), (CRASH_EXIT_CODE, "crashed")),
+    ],
+)
+def test_worker_outcomes_map_to_one_exit_code(
+    torchrun_code: int, codes: tuple[int, ...], expected: tuple[int, str]
+) -> None:
+    outcome = decide_exit(torchrun_code=torchrun_code, outcomes=_outcomes(*codes), expected_workers=2)
+    assert (outcome.exit_code, outcome.reason) == expected
+
+
+def test_outcome_files_round_trip(tmp_path: Path) -> None:
+    write_outcome(str(tmp_path), WorkerOutcome(rank=1, exit_code=75, reason="preempted", step=120))
+    assert read_outcomes(tmp_path) == [WorkerOutcome(rank=1, exit_code=75, reason="preempted", step=120)]
+
+
+def test_the_launcher_finds_the_worker_processes_it_must_signal() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import os
+
+        assert child.pid in child_pids(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_missing_command_exits_with_the_configuration_code() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpujobs_trainer.launch", "--"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == CONFIG_ERROR_EXIT_CODE
+    assert "no training command given" in result.stderr
+
+
+class _BrokenEvents:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def put_events(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        raise ConnectionError("bus is down")
+
+
+def test_a_failing_event_bus_is_logged_never_raised(caplog: pytest.LogCaptureFixture) -> None:
+    client = _BrokenEvents()
+    publisher = EventBridgePublisher("bus", client=client)
+    publisher.publish("Training Heartbeat", {"step": 1})
+    publisher.close()
+    entry = client.calls[0]["Entries"][0]
+    assert entry["Source"] == "gpujobs.trainer"
+    assert json.loads(entry["Detail"]) == {"step": 1}
+    assert "bus is down" in caplog.text
