@@ -24,7 +24,6 @@ from gpujobs.cli.main import main
 from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
-
 from gpujobs_local.template import table_definition
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,6 @@ from typing import Any
 from gpujobs.service.budgets import strictest
 from gpujobs.service.ports import BudgetMode, BudgetPolicy
 
-
 SCOPES_PK = "BUDGETS"
 
 

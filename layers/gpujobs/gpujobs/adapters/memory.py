@@ -12,9 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from gpujobs.domain.job import Job
+from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
-from gpujobs.domain.job import Market
 from gpujobs.service.budgets import strictest
 from gpujobs.service.ports import (
     BudgetMode,
@@ -221,5 +220,5 @@ class TablePrices:
 
     table: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
+    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:  # noqa: ARG002
         return self.table.get((instance_type, market.value))

@@ -44,11 +44,22 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REQUIRED = object()
 # name -> (type, default); mirrors gpujobs.domain.rundoc.RunDocument (a unit test keeps them equal).
 FIELDS: dict[str, tuple[type, Any]] = {
-    "version": (int, 1), "job_id": (str, _REQUIRED), "attempt": (int, _REQUIRED), "name": (str, _REQUIRED),
-    "image": (str, _REQUIRED), "command": (list, _REQUIRED), "env": (dict, {}), "nodes": (int, 1),
-    "gpus_per_node": (int, 1), "checkpoint_uri": (str, _REQUIRED), "resume_from_step": (int, None),
-    "checkpoint_every_minutes": (int, 30), "event_bus": (str, ""), "region": (str, ""),
-    "master_port": (int, 29500), "stop_timeout_seconds": (int, 120),
+    "version": (int, 1),
+    "job_id": (str, _REQUIRED),
+    "attempt": (int, _REQUIRED),
+    "name": (str, _REQUIRED),
+    "image": (str, _REQUIRED),
+    "command": (list, _REQUIRED),
+    "env": (dict, {}),
+    "nodes": (int, 1),
+    "gpus_per_node": (int, 1),
+    "checkpoint_uri": (str, _REQUIRED),
+    "resume_from_step": (int, None),
+    "checkpoint_every_minutes": (int, 30),
+    "event_bus": (str, ""),
+    "region": (str, ""),
+    "master_port": (int, 29500),
+    "stop_timeout_seconds": (int, 120),
 }
 Clients = Callable[[str], Any]  # service name -> boto3 client
 
@@ -62,6 +73,7 @@ def log(message: str) -> None:
 
 
 # --- the run document -------------------------------------------------------------------------------
+
 
 def extract_run_json(raw: bytes) -> dict[str, Any]:
     """The JSON object in user data: gzip or not, a MIME multipart's one application/json part, or bare."""
@@ -128,6 +140,7 @@ def load_document(raw: bytes, s3: Callable[[], Any], partial: dict[str, Any]) ->
 
 # --- instance metadata (IMDSv2) -----------------------------------------------------------------
 
+
 class Imds:
     """IMDSv2 client: a session token from PUT /latest/api/token, then GETs carrying it."""
 
@@ -165,17 +178,31 @@ class Imds:
         return self._call("GET", path, {"X-aws-ec2-metadata-token": self._token})
 
     def facts(self) -> dict[str, Any]:
-        meta = {k: self.get("/latest/meta-data/" + k).decode().strip()
-                for k in ("instance-id", "ami-launch-index", "local-ipv4", "placement/region")}
-        return {"instance_id": meta["instance-id"], "launch_index": int(meta["ami-launch-index"]),
-                "local_ipv4": meta["local-ipv4"], "region": meta["placement/region"]}
+        meta = {
+            k: self.get("/latest/meta-data/" + k).decode().strip()
+            for k in ("instance-id", "ami-launch-index", "local-ipv4", "placement/region")
+        }
+        return {
+            "instance_id": meta["instance-id"],
+            "launch_index": int(meta["ami-launch-index"]),
+            "local_ipv4": meta["local-ipv4"],
+            "region": meta["placement/region"],
+        }
 
 
 # --- rendezvous ---------------------------------------------------------------------------------
 
+
 def rendezvous(
-    ec2: Any, *, job_id: str, attempt: int, nodes: int, instance_id: str, own_ip: str,
-    timeout: float = 900.0, poll: float = 5.0,
+    ec2: Any,
+    *,
+    job_id: str,
+    attempt: int,
+    nodes: int,
+    instance_id: str,
+    own_ip: str,
+    timeout: float = 900.0,
+    poll: float = 5.0,
 ) -> tuple[int, str]:
     """(node rank, master address). Waits until all `nodes` instances of this attempt are visible.
 
@@ -185,14 +212,17 @@ def rendezvous(
     if nodes <= 1:
         return 0, own_ip or "127.0.0.1"
     deadline = time.monotonic() + timeout
-    filters = [{"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
-               {"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(attempt)]},
-               {"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    filters = [
+        {"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
+        {"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(attempt)]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]},
+    ]
     while True:
         members = sorted(
             (i["AmiLaunchIndex"], i["InstanceId"], i.get("PrivateIpAddress", ""))
             for page in ec2.get_paginator("describe_instances").paginate(Filters=filters)
-            for r in page["Reservations"] for i in r["Instances"]
+            for r in page["Reservations"]
+            for i in r["Instances"]
         )
         if len(members) >= nodes and all(ip for _, _, ip in members):
             break
@@ -205,26 +235,33 @@ def rendezvous(
     return ids.index(instance_id), members[0][2]
 
 
-def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str,
-                  region: str) -> dict[str, str]:
+def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str) -> dict[str, str]:
     """The spec's env plus the GPUJOBS_* contract (which wins on a name clash)."""
     env = dict(doc["env"])
-    env.update({
-        "GPUJOBS_JOB_ID": doc["job_id"], "GPUJOBS_ATTEMPT": str(doc["attempt"]),
-        "GPUJOBS_NNODES": str(doc["nodes"]), "GPUJOBS_NODE_RANK": str(rank),
-        "GPUJOBS_NPROC_PER_NODE": str(doc["gpus_per_node"] or 1),
-        "GPUJOBS_MASTER_ADDR": master_addr, "GPUJOBS_MASTER_PORT": str(doc["master_port"]),
-        "GPUJOBS_CHECKPOINT_URI": doc["checkpoint_uri"],
-        "GPUJOBS_CHECKPOINT_EVERY_MINUTES": str(doc["checkpoint_every_minutes"]),
-        "GPUJOBS_EVENT_BUS": doc["event_bus"], "GPUJOBS_INSTANCE_ID": instance_id,
-        "AWS_REGION": region, "AWS_DEFAULT_REGION": region,
-    })
+    env.update(
+        {
+            "GPUJOBS_JOB_ID": doc["job_id"],
+            "GPUJOBS_ATTEMPT": str(doc["attempt"]),
+            "GPUJOBS_NNODES": str(doc["nodes"]),
+            "GPUJOBS_NODE_RANK": str(rank),
+            "GPUJOBS_NPROC_PER_NODE": str(doc["gpus_per_node"] or 1),
+            "GPUJOBS_MASTER_ADDR": master_addr,
+            "GPUJOBS_MASTER_PORT": str(doc["master_port"]),
+            "GPUJOBS_CHECKPOINT_URI": doc["checkpoint_uri"],
+            "GPUJOBS_CHECKPOINT_EVERY_MINUTES": str(doc["checkpoint_every_minutes"]),
+            "GPUJOBS_EVENT_BUS": doc["event_bus"],
+            "GPUJOBS_INSTANCE_ID": instance_id,
+            "AWS_REGION": region,
+            "AWS_DEFAULT_REGION": region,
+        }
+    )
     if doc["resume_from_step"] is not None:
         env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
     return env
 
 
 # --- runtimes -----------------------------------------------------------------------------------
+
 
 class Runtime:
     """Runs one workload: `prepare` (may fail the bootstrap), `start`, `wait` -> exit code, `stop`."""
@@ -250,10 +287,23 @@ class Runtime:
 class ProcessRuntime(Runtime):
     """Local processes (local cloud, tests): `entrypoint + command` in its own process group."""
 
-    PASSTHROUGH = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV",
-                   "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_ACCESS_KEY_ID",
-                   "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_CONFIG_FILE",
-                   "AWS_SHARED_CREDENTIALS_FILE")
+    PASSTHROUGH = (
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "LC_ALL",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "AWS_ENDPOINT_URL",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONFIG_FILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+    )
 
     def __init__(self, entrypoint: list[str] | None = None) -> None:
         super().__init__()
@@ -262,8 +312,9 @@ class ProcessRuntime(Runtime):
     def start(self, doc: dict[str, Any], env: dict[str, str]) -> None:
         full = {k: os.environ[k] for k in self.PASSTHROUGH if k in os.environ}
         full.update(env)
-        self.proc = subprocess.Popen([*self.entrypoint, *doc["command"]], env=full,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*self.entrypoint, *doc["command"]], env=full, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
     def stop(self, signum: int, timeout: int) -> None:
         self._signal(signum)
@@ -308,8 +359,9 @@ class DockerRuntime(Runtime):
         argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
         for key in sorted(env):
             argv += ["-e", key]  # the value comes from this process's environment, never argv
-        self.proc = subprocess.Popen([*argv, doc["image"], *doc["command"]], env={**os.environ, **env},
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [*argv, doc["image"], *doc["command"]], env={**os.environ, **env}, stdin=subprocess.DEVNULL
+        )
 
     def stop(self, signum: int, timeout: int) -> None:
         del signum  # docker stop sends the image's STOPSIGNAL, then SIGKILL after the timeout
@@ -319,12 +371,20 @@ class DockerRuntime(Runtime):
 
 def cloudwatch_agent_config() -> dict[str, Any]:
     """NVIDIA GPU metrics every 60 s in CWAgent, plus a per-instance series for idle alarms."""
-    return {"agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
-            "metrics": {"namespace": "CWAgent", "append_dimensions": {"InstanceId": "${aws:InstanceId}"},
-                        "aggregation_dimensions": [["InstanceId"]],
-                        "metrics_collected": {"nvidia_gpu": {
-                            "measurement": ["utilization_gpu", "utilization_memory", "memory_used"],
-                            "metrics_collection_interval": 60}}}}
+    return {
+        "agent": {"metrics_collection_interval": 60, "run_as_user": "root"},
+        "metrics": {
+            "namespace": "CWAgent",
+            "append_dimensions": {"InstanceId": "${aws:InstanceId}"},
+            "aggregation_dimensions": [["InstanceId"]],
+            "metrics_collected": {
+                "nvidia_gpu": {
+                    "measurement": ["utilization_gpu", "utilization_memory", "memory_used"],
+                    "metrics_collection_interval": 60,
+                }
+            },
+        },
+    }
 
 
 def start_cloudwatch_agent() -> None:
@@ -340,11 +400,12 @@ def start_cloudwatch_agent() -> None:
 
 # --- exit report --------------------------------------------------------------------------------
 
-def publish_exit(events: Callable[[], Any], *, bus: str, detail: dict[str, Any], tries: int = 4,
-                 backoff: float = 1.0) -> bool:
+
+def publish_exit(
+    events: Callable[[], Any], *, bus: str, detail: dict[str, Any], tries: int = 4, backoff: float = 1.0
+) -> bool:
     """Put "Job Exited" on the bus; retried, and a failure is logged, never raised."""
-    entry = {"Source": EVENT_SOURCE, "DetailType": EVENT_DETAIL_TYPE, "Detail": json.dumps(detail),
-             "EventBusName": bus}
+    entry = {"Source": EVENT_SOURCE, "DetailType": EVENT_DETAIL_TYPE, "Detail": json.dumps(detail), "EventBusName": bus}
     for attempt in range(tries):
         try:
             response = events().put_events(Entries=[entry])
@@ -359,6 +420,7 @@ def publish_exit(events: Callable[[], Any], *, bus: str, detail: dict[str, Any],
 
 
 # --- main ---------------------------------------------------------------------------------------
+
 
 def _client(service: str, region: str) -> Any:
     import boto3  # imported late: the launch Lambda imports this module for its parser only
@@ -393,8 +455,9 @@ class _Stopper:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpujobs-bootstrap", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gpujobs-bootstrap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--user-data", metavar="FILE", help="read user data here instead of from IMDS")
     parser.add_argument("--runtime", choices=("docker", "process"), default="docker")
     parser.add_argument("--entrypoint", default="", help="process runtime: argv prefix, split like a shell")
@@ -421,15 +484,19 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
     state["doc"] = doc
     state["region"] = doc["region"] or facts["region"]
     log(f"job {doc['job_id']} attempt {doc['attempt']} on {facts['instance_id']}")
-    rank, master = rendezvous(clients("ec2"), job_id=doc["job_id"], attempt=doc["attempt"],
-                              nodes=doc["nodes"], instance_id=facts["instance_id"],
-                              own_ip=facts["local_ipv4"], timeout=args.rendezvous_timeout)
+    rank, master = rendezvous(
+        clients("ec2"),
+        job_id=doc["job_id"],
+        attempt=doc["attempt"],
+        nodes=doc["nodes"],
+        instance_id=facts["instance_id"],
+        own_ip=facts["local_ipv4"],
+        timeout=args.rendezvous_timeout,
+    )
     state["rank"] = rank
-    runtime: Runtime = (ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process"
-                        else DockerRuntime())
+    runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
     runtime.prepare(doc, clients)
-    env = container_env(doc, rank=rank, master_addr=master, instance_id=facts["instance_id"],
-                        region=state["region"])
+    env = container_env(doc, rank=rank, master_addr=master, instance_id=facts["instance_id"], region=state["region"])
     log(f"starting the workload as node {rank} of {doc['nodes']}, master {master}")
     stopper.timeout, stopper.starting = doc["stop_timeout_seconds"], True
     runtime.start(doc, env)
@@ -458,9 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{reason}: {message}")
     doc: dict[str, Any] = state.get("doc") or state.get("raw") or {}
     bus = doc.get("event_bus") or args.event_bus
-    detail = {"job_id": doc.get("job_id"), "attempt": doc.get("attempt"), "node_rank": state.get("rank"),
-              "instance_id": state.get("instance_id"), "exit_code": code, "reason": reason,
-              "message": message}
+    detail = {
+        "job_id": doc.get("job_id"),
+        "attempt": doc.get("attempt"),
+        "node_rank": state.get("rank"),
+        "instance_id": state.get("instance_id"),
+        "exit_code": code,
+        "reason": reason,
+        "message": message,
+    }
     if bus and state.get("region"):
         publish_exit(lambda: _client("events", state["region"]), bus=str(bus), detail=detail)
     else:

@@ -68,18 +68,22 @@ def bootstrap_script() -> str:
 
 
 def _part(content_type: str, filename: str, body: str) -> str:
-    return (f"--{_BOUNDARY}\nContent-Type: {content_type}; charset=\"us-ascii\"\nMIME-Version: 1.0\n"
-            f"Content-Transfer-Encoding: 7bit\nContent-Disposition: attachment; filename=\"{filename}\"\n\n"
-            f"{body}\n")
+    return (
+        f'--{_BOUNDARY}\nContent-Type: {content_type}; charset="us-ascii"\nMIME-Version: 1.0\n'
+        f'Content-Transfer-Encoding: 7bit\nContent-Disposition: attachment; filename="{filename}"\n\n'
+        f"{body}\n"
+    )
 
 
 def render_mime(doc: RunDocument | RunDocumentPointer) -> str:
     """The uncompressed MIME multipart user data (ASCII)."""
     payload = json.dumps(doc.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"), sort_keys=True)
-    return (f'Content-Type: multipart/mixed; boundary="{_BOUNDARY}"\nMIME-Version: 1.0\n\n'
-            + _part("text/x-shellscript", "gpujobs-bootstrap.sh", bootstrap_script())
-            + _part("application/json", "run.json", payload)
-            + f"--{_BOUNDARY}--\n")
+    return (
+        f'Content-Type: multipart/mixed; boundary="{_BOUNDARY}"\nMIME-Version: 1.0\n\n'
+        + _part("text/x-shellscript", "gpujobs-bootstrap.sh", bootstrap_script())
+        + _part("application/json", "run.json", payload)
+        + f"--{_BOUNDARY}--\n"
+    )
 
 
 def render_user_data(doc: RunDocument | RunDocumentPointer) -> bytes:

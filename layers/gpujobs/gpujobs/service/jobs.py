@@ -26,12 +26,12 @@ from gpujobs.service.ports import (
     BudgetBook,
     BudgetMode,
     BudgetPolicy,
-    IdleAlarms,
     CapacityError,
     Clock,
     Compute,
     ConcurrentUpdateError,
     EventPublisher,
+    IdleAlarms,
     JobExistsError,
     JobStore,
     LaunchedInstance,
@@ -153,7 +153,7 @@ class JobService:
         released = attempt.model_copy(update={"lease_expires_at": self.clock.now()})
         try:
             self.store.save(job.with_attempt(released, now=self.clock.now()))
-        except Exception:  # noqa: BLE001 - the original error is the one worth raising
+        except Exception:
             log.warning("could not release the launch lease of %s", job.job_id, exc_info=True)
 
     def _claim_launch(self, job: Job, now: datetime, policy: BudgetPolicy | None) -> Job | None:
@@ -164,7 +164,9 @@ class JobService:
             reason = Reason.LAUNCH_STARTED
         elif job.state is JobState.INTERRUPTED:
             reason = Reason.REPLACEMENT_LAUNCHING
-        elif job.state is JobState.LAUNCHING and attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now:
+        elif (
+            job.state is JobState.LAUNCHING and attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now
+        ):
             reason = Reason.LAUNCH_STARTED
         else:
             return None
