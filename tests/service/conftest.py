@@ -15,9 +15,12 @@ from gpujobs.adapters.memory import (
     InMemoryJobStore,
     RecordingPublisher,
     RecordingSignaller,
+    TablePrices,
 )
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.reactions import Reactions
+from gpujobs.service.reconcile import Reconciler
 
 ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
 
@@ -56,6 +59,10 @@ class World:
             alarms=self.alarms,
             jitter=lambda: 0.5,
         )
+
+        self.reactions = Reactions(jobs=self.service, signaller=self.signaller)
+        self.prices = TablePrices({("g5.xlarge", "spot"): 0.5, ("g5.xlarge", "on-demand"): 1.0})
+        self.reconciler = Reconciler(reactions=self.reactions, prices=self.prices)
 
     def submit(self, spec: dict[str, Any], *, message_id: str = "msg-1") -> Any:
         return self.service.handle_message(json.dumps(spec), message_id=message_id)

@@ -2,7 +2,8 @@
 
 Stories: the workload gets the job's literal strings and the GPUJOBS_* contract, its exit code is
 published as "Job Exited", a broken document is reported as a bootstrap failure, SIGTERM reaches the
-workload, and multi-node rendezvous finds rank 0's private IP.
+workload, multi-node rendezvous finds rank 0's private IP, and a replacement attempt waits for the
+interrupted one to end (its instances gone or its last checkpoint committed) before it starts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -374,6 +376,182 @@ def test_a_single_node_is_its_own_master() -> None:
         0,
         "10.0.0.9",
     )
+
+
+# --- a replacement waits for the interrupted attempt -------------------------------------------
+
+
+def in_background(target: Any) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(target()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_a_replacement_waits_while_the_interrupted_attempt_runs_and_goes_once_it_is_gone(ec2: Any) -> None:
+    [old] = launch(ec2, count=1, attempt=2)
+    launch(ec2, count=1, attempt=3)  # the replacement itself does not count
+
+    waiting, result = in_background(
+        lambda: bootstrap.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=30, poll=0.01)
+    )
+    time.sleep(0.3)
+    still_waiting = waiting.is_alive()
+    ec2.terminate_instances(InstanceIds=[old["InstanceId"]])
+    waiting.join(timeout=10)
+
+    assert still_waiting
+    assert result == ["attempt 2 has no instances left"]
+
+
+def test_a_replacement_starts_anyway_when_the_interrupted_attempt_outlives_the_timeout(ec2: Any) -> None:
+    [old] = launch(ec2, count=1, attempt=2)
+
+    started = time.monotonic()
+    ended = bootstrap.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=0.2, poll=0.05)
+
+    assert 0.2 <= time.monotonic() - started < 5
+    assert ended == f"attempt 2 still has instances {[old['InstanceId']]} after 0s; starting anyway"
+
+
+def put_checkpoint(s3: Any, step: int, *, attempt: int, reason: str | None) -> None:
+    """A step folder as the trainer leaves it (docs/training.md); reason None = a save cut short."""
+    folder = f"jobs/job-7/ckpt/step-{step:08d}"
+    s3.put_object(Bucket="ckpt", Key=f"{folder}/__0_0.distcp", Body=b"shard")
+    if reason is not None:
+        marker = {
+            "step": step,
+            "world_size": 2,
+            "torch_version": "2.13.0",
+            "reason": reason,
+            "files": [{"name": "__0_0.distcp", "size": 5}],
+            "time": "2026-11-29T12:00:00Z",
+            "position": {"epoch": 1, "offset": 7},
+            "job_id": "job-7",
+            "attempt": attempt,
+        }
+        s3.put_object(Bucket="ckpt", Key=f"{folder}/COMMIT.json", Body=json.dumps(marker).encode())
+
+
+def test_the_wait_ends_once_the_interrupted_attempt_committed_its_preemption_checkpoint(ec2: Any) -> None:
+    launch(ec2, count=1, attempt=2)  # still shutting down after its save
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    put_checkpoint(s3, 40, attempt=1, reason="preempted")  # what the replacement was told to resume from
+    put_checkpoint(s3, 60, attempt=2, reason="periodic")  # the old attempt may still save again
+
+    def committed() -> int | None:
+        return bootstrap.last_commit_by(s3, uri="s3://ckpt/jobs/job-7/ckpt", attempt=2, after_step=40)
+
+    assert committed() is None
+    waiting, result = in_background(
+        lambda: bootstrap.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=30, poll=0.01, committed=committed)
+    )
+    put_checkpoint(s3, 90, attempt=2, reason=None)  # a later save cut short does not count
+    put_checkpoint(s3, 75, attempt=2, reason="preempted")
+    waiting.join(timeout=10)
+
+    assert result == ["attempt 2 committed its last checkpoint, step 75"]
+
+
+def test_only_a_newer_commit_by_the_interrupted_attempt_ends_the_wait(ec2: Any) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="ckpt")
+    put_checkpoint(s3, 40, attempt=2, reason="preempted")
+
+    def newest(**changes: Any) -> int | None:
+        asked: dict[str, Any] = {"uri": "s3://ckpt/jobs/job-7/ckpt", "attempt": 2, "after_step": None, **changes}
+        return bootstrap.last_commit_by(s3, **asked)
+
+    assert newest() == 40
+    assert newest(after_step=40) is None  # already known to the control plane: not this attempt's last words
+    assert newest(attempt=3) is None
+    assert newest(uri="s3://ckpt/jobs/other/ckpt") is None
+    assert newest(uri="/local/path") is None  # only S3 is read; the wait then relies on the instances
+
+
+def server_client(endpoint: str, service: str) -> Any:
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def test_a_replacement_waits_before_starting_its_workload_and_starts_after_the_timeout(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:6]}"
+    old = server_client(moto_endpoint, "ec2").run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [{"Key": bootstrap.TAG_JOB_ID, "Value": job_id}, {"Key": bootstrap.TAG_ATTEMPT, "Value": "2"}],
+            }
+        ],
+    )["Instances"][0]
+    doc = a_document(tmp_path, bus, job_id=job_id, wait_for_attempt=2)
+    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", "--wait-timeout", "0.5")
+
+    assert code == 0, output
+    assert json.loads((tmp_path / "out.json").read_text())["argv"] == HOSTILE
+    waited = output.index("waiting up to 0s for attempt 2 to end")
+    gave_up = output.index(f"attempt 2 still has instances ['{old['InstanceId']}']")
+    assert waited < gave_up < output.index("starting the workload")
+    assert [e["exit_code"] for e in bus.exits()] == [0]
+
+
+def test_sigterm_while_waiting_for_the_interrupted_attempt_ends_the_bootstrap_at_once(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    job_id = f"job-{uuid.uuid4().hex[:6]}"
+    server_client(moto_endpoint, "ec2").run_instances(
+        ImageId="ami-12c6146b",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [{"Key": bootstrap.TAG_JOB_ID, "Value": job_id}, {"Key": bootstrap.TAG_ATTEMPT, "Value": "2"}],
+            }
+        ],
+    )
+    doc = a_document(tmp_path, bus, job_id=job_id, wait_for_attempt=2)
+    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+        proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "waiting up to 240s for attempt 2" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert not (tmp_path / "out.json").exists()
+    [exited] = bus.exits()
+    assert exited["reason"] == "bootstrap-failed"
+    assert "before the workload started" in exited["message"]
+
+
+def test_a_document_cannot_wait_for_its_own_or_a_later_attempt() -> None:
+    doc = {
+        "job_id": "j",
+        "attempt": 3,
+        "name": "n",
+        "image": "img",
+        "command": ["python"],
+        "checkpoint_uri": "s3://b/k",
+    }
+
+    assert bootstrap.check_document({**doc, "wait_for_attempt": 2})["wait_for_attempt"] == 2
+    with pytest.raises(bootstrap.BootstrapError, match="wait_for_attempt 3 is not an earlier attempt"):
+        bootstrap.check_document({**doc, "wait_for_attempt": 3})
 
 
 # --- docker runtime (a fake docker CLI) --------------------------------------------------------

@@ -182,6 +182,8 @@ def test_the_bootstrap_validator_agrees_with_the_pydantic_model() -> None:
         ({"image": "--privileged"}, "image"),
         ({"attempt": True}, "attempt"),
         ({"surprise": 1}, "unknown"),
+        ({"wait_for_attempt": "1"}, "wait_for_attempt"),
+        ({"wait_for_attempt": 2}, "not an earlier attempt"),
     ],
 )
 def test_the_bootstrap_rejects_malformed_documents(change: dict[str, Any], problem: str) -> None:

@@ -48,6 +48,8 @@ class LaunchPlan:
     command: tuple[str, ...]
     job_id: str
     attempt: int
+    instance_id: str = ""
+    """GPUJOBS_INSTANCE_ID (set by the instance bootstrap); the control plane keys exit codes by it."""
 
 
 def plan_from_env(env: Mapping[str, str], command: Sequence[str], *, gpu_count: int) -> LaunchPlan:
@@ -87,6 +89,7 @@ def plan_from_env(env: Mapping[str, str], command: Sequence[str], *, gpu_count: 
         command=tuple(command),
         job_id=job_id,
         attempt=attempt,
+        instance_id=env.get("GPUJOBS_INSTANCE_ID", "").strip(),
     )
 
 
@@ -167,19 +170,24 @@ def run(plan: LaunchPlan, env: Mapping[str, str]) -> JobOutcome:
     return outcome
 
 
+def exit_detail(plan: LaunchPlan, outcome: JobOutcome) -> dict[str, object]:
+    """Pure: the `Job Exited` detail; `instance_id` only when the bootstrap provided one."""
+    detail: dict[str, object] = {
+        "job_id": plan.job_id,
+        "attempt": plan.attempt,
+        "node_rank": plan.node_rank,
+        "exit_code": outcome.exit_code,
+        "reason": outcome.reason,
+    }
+    if plan.instance_id:
+        detail["instance_id"] = plan.instance_id
+    return detail
+
+
 def report_exit(plan: LaunchPlan, outcome: JobOutcome, bus: str) -> None:
     if not bus:
         return
-    EventBridgePublisher(bus).publish_now(
-        JOB_EXITED,
-        {
-            "job_id": plan.job_id,
-            "attempt": plan.attempt,
-            "node_rank": plan.node_rank,
-            "exit_code": outcome.exit_code,
-            "reason": outcome.reason,
-        },
-    )
+    EventBridgePublisher(bus).publish_now(JOB_EXITED, exit_detail(plan, outcome))
 
 
 def split_command(argv: Sequence[str]) -> list[str]:

@@ -50,3 +50,12 @@ class EventBridgePublisher:
             if response.get("FailedEntryCount"):
                 failed = [e for e in response["Entries"] if e.get("ErrorCode")]
                 raise RuntimeError(f"EventBridge refused {len(failed)} events: {failed[:3]}")
+
+    def publish_notice(self, detail_type: str, detail: dict[str, object]) -> None:
+        response = self._events.put_events(
+            Entries=[
+                {"Source": SOURCE, "DetailType": detail_type, "EventBusName": self._bus, "Detail": json.dumps(detail)}
+            ]
+        )
+        if response.get("FailedEntryCount"):
+            raise RuntimeError(f"EventBridge refused {detail_type}: {response['Entries']}")

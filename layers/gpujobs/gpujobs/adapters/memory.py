@@ -152,9 +152,13 @@ class FakeCompute:
 @dataclass
 class RecordingPublisher:
     events: list[StateChanged] = field(default_factory=list)
+    notices: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
     def publish(self, events: Sequence[StateChanged]) -> None:
         self.events.extend(events)
+
+    def publish_notice(self, detail_type: str, detail: dict[str, object]) -> None:
+        self.notices.append((detail_type, detail))
 
 
 @dataclass

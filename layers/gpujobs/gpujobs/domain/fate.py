@@ -100,7 +100,8 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
     if verdict is Verdict.STOPPED:
         assert job.stop_request is not None
         return Move(((JobState.STOPPED, job.stop_request.reason),), relaunch=False)
-    if verdict is Verdict.INTERRUPTED:
+    if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED:
+        # An attempt already being reclaimed that then crashes or vanishes is still a reclaim.
         return interruption_moves(job, already_counted=state is JobState.INTERRUPTED)
     if verdict is Verdict.CRASHED:
         if job.crashes + 1 >= spec.max_attempts:

@@ -198,10 +198,12 @@ class Job(_Frozen):
         )
 
     def with_attempt(self, attempt: Attempt, *, now: datetime) -> Job:
-        """Replace the current attempt (same number) or append a new one."""
+        """Replace the attempt with the same number, or append it as a new one."""
         attempts = list(self.attempts)
-        if attempts and attempts[-1].number == attempt.number:
-            attempts[-1] = attempt
+        for index, existing in enumerate(attempts):
+            if existing.number == attempt.number:
+                attempts[index] = attempt
+                break
         else:
             attempts.append(attempt)
         return self.model_copy(update={"attempts": tuple(attempts), "updated_at": now})

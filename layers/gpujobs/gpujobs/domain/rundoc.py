@@ -33,6 +33,13 @@ class RunDocument(BaseModel):
     region: str = ""
     master_port: int = 29500
     stop_timeout_seconds: int = 120
+    wait_for_attempt: int | None = None
+    """The attempt whose instances must be gone before this one starts the container.
+
+    Set on a replacement launched while the interrupted attempt may still be saving its checkpoint:
+    the bootstrap waits (bounded) until that attempt's instances are gone or its last checkpoint is
+    committed, so the trainer resumes from that checkpoint rather than an older one.
+    """
 
 
 class RunDocumentPointer(BaseModel):

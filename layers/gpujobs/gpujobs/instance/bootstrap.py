@@ -6,8 +6,9 @@ process starts from an argv list, never a shell, and env values reach `docker ru
 environment (`-e NAME`), never argv. So no job field is ever parsed by a shell or shown by `ps`.
 
 Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer) -> instance facts (IMDS) ->
-rendezvous (rank 0's private IP is the master) -> workload (runtime `docker` or `process`; SIGTERM/SIGINT
-are forwarded) -> "Job Exited" on the event bus -> `shutdown -h now`.
+rendezvous (rank 0's private IP is the master) -> image pull -> for a replacement, wait (bounded) for the
+interrupted attempt to end -> workload (runtime `docker` or `process`; SIGTERM/SIGINT are forwarded) ->
+"Job Exited" on the event bus -> `shutdown -h now`.
 Needs only Python 3.9+ and boto3 (a bare AMI). See docs/instance.md.
 """
 
@@ -29,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +41,9 @@ EVENT_DETAIL_TYPE = "Job Exited"
 TAG_JOB_ID, TAG_ATTEMPT = "gpujobs:job-id", "gpujobs:attempt"
 CW_AGENT_CTL = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl"
 CW_AGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/gpujobs-gpu.json"
+ATTEMPT_ALIVE_STATES = ["pending", "running", "stopping", "shutting-down"]
+LAST_COMMIT_REASONS = ("preempted", "final")  # what an attempt commits as it ends (docs/training.md)
+_STEP_DIR = re.compile(r"^step-(\d{8})/?$")  # the trainer's checkpoint folders
 _ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?=/)")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REQUIRED = object()
@@ -60,6 +65,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "region": (str, ""),
     "master_port": (int, 29500),
     "stop_timeout_seconds": (int, 120),
+    "wait_for_attempt": (int, None),
 }
 Clients = Callable[[str], Any]  # service name -> boto3 client
 
@@ -122,6 +128,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
             raise BootstrapError(f"env name {key!r} is not allowed or its value is not a string")
     if not doc["image"] or doc["image"].startswith("-") or any(c.isspace() for c in doc["image"]):
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
+    if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
+        raise BootstrapError(f"wait_for_attempt {doc['wait_for_attempt']} is not an earlier attempt")
     return doc
 
 
@@ -233,6 +241,101 @@ def rendezvous(
     if len(members) > nodes or instance_id not in ids:
         raise BootstrapError(f"rendezvous: instances {ids} do not match {nodes} nodes including {instance_id}")
     return ids.index(instance_id), members[0][2]
+
+
+# --- waiting for the interrupted attempt ---------------------------------------------------------
+
+
+def attempt_instances(ec2: Any, *, job_id: str, attempt: int) -> list[str]:
+    """Instances of `attempt` that may still run its workload (anything short of stopped/terminated)."""
+    filters = [
+        {"Name": f"tag:{TAG_JOB_ID}", "Values": [job_id]},
+        {"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(attempt)]},
+        {"Name": "instance-state-name", "Values": ATTEMPT_ALIVE_STATES},
+    ]
+    return sorted(
+        i["InstanceId"]
+        for page in ec2.get_paginator("describe_instances").paginate(Filters=filters)
+        for r in page["Reservations"]
+        for i in r["Instances"]
+    )
+
+
+def last_commit_by(s3: Any, *, uri: str, attempt: int, after_step: int | None) -> int | None:
+    """The step of the checkpoint `attempt` committed as it ended, if newer than `after_step`; else None.
+
+    Reads the trainer's layout on S3: `<uri>/step-NNNNNNNN/COMMIT.json`, which records `attempt` and
+    `reason`. Only `preempted` or `final` counts: after a periodic commit the attempt may still be
+    writing its preemption checkpoint. Other URI schemes are not read (None).
+    """
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme != "s3":
+        return None
+    prefix = parsed.path.strip("/")
+    base = prefix + "/" if prefix else ""
+    steps: list[int] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=parsed.netloc, Prefix=base, Delimiter="/"):
+        for common in page.get("CommonPrefixes", []):
+            match = _STEP_DIR.match(common["Prefix"][len(base) :])
+            if match and int(match.group(1)) > (-1 if after_step is None else after_step):
+                steps.append(int(match.group(1)))
+    for step in sorted(steps, reverse=True):
+        try:
+            body = s3.get_object(Bucket=parsed.netloc, Key=f"{base}step-{step:08d}/COMMIT.json")["Body"].read()
+            marker = json.loads(body)
+        except (s3.exceptions.NoSuchKey, ValueError):
+            continue  # a save cut short, or not a marker
+        if (
+            isinstance(marker, dict)
+            and marker.get("attempt") == attempt
+            and marker.get("reason") in LAST_COMMIT_REASONS
+        ):
+            return step
+    return None
+
+
+def wait_for_attempt(
+    ec2: Any,
+    *,
+    job_id: str,
+    attempt: int,
+    timeout: float = 240.0,
+    poll: float = 5.0,
+    committed: Callable[[], int | None] | None = None,
+) -> str:
+    """Wait until the interrupted `attempt` has ended; returns why the wait is over.
+
+    It has ended when none of its instances is left, or when `committed` finds the checkpoint it
+    wrote as it ended. After `timeout` (the 2-minute spot notice plus margin) the wait is over anyway:
+    the trainer resumes from the newest committed checkpoint either way, so waiting only avoids
+    resuming from an older one. API errors are logged and waited out, never fatal.
+    """
+    deadline = time.monotonic() + timeout
+    live: list[str] | None = None
+    while True:
+        try:
+            live = attempt_instances(ec2, job_id=job_id, attempt=attempt)
+        except StoppedError:
+            raise
+        except Exception as exc:  # a replacement must start even when EC2 cannot be asked
+            log(f"cannot list the instances of attempt {attempt}: {exc}")
+        if live == []:
+            return f"attempt {attempt} has no instances left"
+        if committed is not None:
+            try:
+                step = committed()
+            except StoppedError:
+                raise
+            except Exception as exc:  # the instances are still a reliable signal
+                log(f"cannot read checkpoints, waiting for the instances only: {exc}")
+                committed = None
+            else:
+                if step is not None:
+                    return f"attempt {attempt} committed its last checkpoint, step {step}"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return f"attempt {attempt} still has instances {live} after {timeout:.0f}s; starting anyway"
+        time.sleep(min(poll, left))
 
 
 def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str) -> dict[str, str]:
@@ -463,6 +566,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--entrypoint", default="", help="process runtime: argv prefix, split like a shell")
     parser.add_argument("--no-shutdown", action="store_true", help="do not power off at the end")
     parser.add_argument("--rendezvous-timeout", type=float, default=900.0, metavar="SECONDS")
+    parser.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=240.0,
+        metavar="SECONDS",
+        help="longest wait for the interrupted attempt (the document's wait_for_attempt) to end",
+    )
     parser.add_argument("--event-bus", default="", help="bus for the exit event if the document is unreadable")
     return parser.parse_args(argv)
 
@@ -496,6 +606,20 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
     state["rank"] = rank
     runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
     runtime.prepare(doc, clients)
+    if doc["wait_for_attempt"] is not None:
+        previous = doc["wait_for_attempt"]
+        s3 = clients("s3")
+        log(f"waiting up to {args.wait_timeout:.0f}s for attempt {previous} to end")
+        ended = wait_for_attempt(
+            clients("ec2"),
+            job_id=doc["job_id"],
+            attempt=previous,
+            timeout=args.wait_timeout,
+            committed=lambda: last_commit_by(
+                s3, uri=doc["checkpoint_uri"], attempt=previous, after_step=doc["resume_from_step"]
+            ),
+        )
+        log(ended)
     env = container_env(doc, rank=rank, master_addr=master, instance_id=facts["instance_id"], region=state["region"])
     log(f"starting the workload as node {rank} of {doc['nodes']}, master {master}")
     stopper.timeout, stopper.starting = doc["stop_timeout_seconds"], True

@@ -20,8 +20,12 @@ from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
 from gpujobs.adapters.s3 import S3BlobStore
+from gpujobs.adapters.ssm import SsmSignaller
 from gpujobs.runtime.settings import Settings
+from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.reactions import Reactions
+from gpujobs.service.reconcile import Reconciler
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=20)
 
@@ -67,5 +71,30 @@ def build_job_service(settings: Settings) -> JobService:
 
 
 @functools.cache
+def settings() -> Settings:
+    return Settings.from_env(os.environ)
+
+
+@functools.cache
 def job_service() -> JobService:
-    return build_job_service(Settings.from_env(os.environ))
+    return build_job_service(settings())
+
+
+@functools.cache
+def reactions() -> Reactions:
+    current = settings()
+    signaller = SsmSignaller(client=client("ssm", current), document_name=current.checkpoint_document)
+    return Reactions(jobs=job_service(), signaller=signaller)
+
+
+@functools.cache
+def reconciler() -> Reconciler:
+    from gpujobs.adapters.prices import Ec2Prices  # only the reconciler prices instances
+
+    current = settings()
+    return Reconciler(reactions=reactions(), prices=Ec2Prices(client=client("ec2", current)))
+
+
+@functools.cache
+def budget_reactions() -> BudgetReactions:
+    return BudgetReactions(reactions=reactions(), stack_name=settings().stack_name)

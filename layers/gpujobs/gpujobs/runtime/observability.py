@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+
+if TYPE_CHECKING:
+    from gpujobs.service.reactions import Reaction
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,3 +51,18 @@ def make_tracer() -> TracerLike:
 logger = Logger()
 metrics = Metrics()
 tracer = make_tracer()
+
+
+def report(reaction: Reaction, **context: object) -> None:
+    """Log what a reaction did and count its metrics: the one way every handler reports."""
+    job = reaction.job
+    fields: dict[str, object] = {"outcome": reaction.outcome, **context}
+    if job is not None:
+        fields.update(job_id=job.job_id, state=job.state.value, version=job.version)
+    logger.info("ignored" if reaction.ignored else "reacted", extra=fields)
+    for name, value in reaction.metrics.items():
+        metrics.add_metric(
+            name=name, unit=MetricUnit.Count if not name.startswith("Seconds") else MetricUnit.Seconds, value=value
+        )
+    if reaction.ignored:
+        metrics.add_metric(name="EventsIgnored", unit=MetricUnit.Count, value=1)

@@ -27,6 +27,7 @@ class Settings:
     allowed_instance_types: tuple[str, ...] = ()
     region: str = "us-east-1"
     stack_name: str = "gpujobs"
+    checkpoint_document: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -45,4 +46,5 @@ class Settings:
             allowed_instance_types=_split(env.get("ALLOWED_INSTANCE_TYPES", "")),
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             stack_name=env.get("GPUJOBS_STACK_NAME", "gpujobs"),
+            checkpoint_document=env.get("CHECKPOINT_DOCUMENT", ""),
         )

@@ -204,6 +204,9 @@ class StateChanged:
 class EventPublisher(Protocol):
     def publish(self, events: Sequence[StateChanged]) -> None: ...
 
+    def publish_notice(self, detail_type: str, detail: dict[str, object]) -> None:
+        """Anything else users may subscribe to (e.g. `GPU Budget Warning`)."""
+
 
 class BlobStore(Protocol):
     def put_text(self, key: str, text: str) -> str:

@@ -1,0 +1,29 @@
+"""GPU-idle alarms (CloudWatch Alarm State Change, alarm name prefix gpujobs-idle-<stack>-).
+
+Action `stop`: checkpoint now; once that checkpoint is committed the instances are terminated
+(spot) or stopped (on-demand) and the job goes STOPPED with reason idle. Action `ignore`: recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpujobs.adapters.inbound import AlarmStateChange, detail_of, envelope
+from gpujobs.runtime.bootstrap import reactions
+from gpujobs.runtime.observability import logger, metrics, report, tracer
+from gpujobs.service.reactions import Reaction
+
+
+@metrics.log_metrics(capture_cold_start_metric=True)
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE, clear_state=True)
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> None:
+    alarm = detail_of(envelope(event), AlarmStateChange)
+    instance_id = alarm.instance_id
+    if alarm.state.value != "ALARM" or instance_id is None:
+        report(Reaction(f"ignored: alarm {alarm.alarm_name} is {alarm.state.value} without an InstanceId"))
+        return
+    report(reactions().idle_alarm(instance_id), alarm=alarm.alarm_name)

@@ -1,0 +1,28 @@
+"""Every minute: read the active jobs and the live instances, and repair whatever events were lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from gpujobs.runtime.bootstrap import reconciler
+from gpujobs.runtime.observability import logger, metrics, tracer
+
+
+@metrics.log_metrics(capture_cold_start_metric=True)
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    result = reconciler().run()
+    logger.info(
+        "reconciled",
+        extra={"active_jobs": result.active_jobs, "live_instances": result.live_instances, **result.repairs},
+    )
+    metrics.add_metric(name="ActiveJobs", unit=MetricUnit.Count, value=result.active_jobs)
+    for what, count in result.repairs.items():
+        metrics.add_metric(
+            name="Repairs" + "".join(w.title() for w in what.split()), unit=MetricUnit.Count, value=count
+        )
+    return {"active_jobs": result.active_jobs, "live_instances": result.live_instances, "repairs": dict(result.repairs)}
