@@ -34,6 +34,6 @@ def stack(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
             monkeypatch.setenv(key, value)
         from gpujobs.runtime import bootstrap
 
-        bootstrap.job_service.cache_clear()
+        bootstrap.reset()
         yield built
-        bootstrap.job_service.cache_clear()
+        bootstrap.reset()

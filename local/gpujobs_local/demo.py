@@ -98,7 +98,7 @@ class Demo:
         from gpujobs.runtime import bootstrap
         from gpujobs_local.stack import load_function
 
-        bootstrap.job_service.cache_clear()
+        bootstrap.reset()
         return quietly(load_function("submit").handler)
 
     def show_job(self, job_id: str) -> None:

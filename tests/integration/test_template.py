@@ -1,7 +1,7 @@
 """What template.yaml promises: a lint-clean stack whose defaults are the secure ones.
 
 The first group reads the template as data and checks the properties an operator relies on (IMDSv2,
-encryption, no public IPs, tag-scoped IAM). The second group, marked ``integration``, builds moto
+encryption, no public IPs, tag-scoped IAM, every event-driven function retried and dead-lettered). The second group, marked ``integration``, builds moto
 resources from the template's own definitions, so the fakes other tests use cannot drift from the
 stack. What moto cannot check (IAM conditions are not evaluated) is covered by the first group only
 as a shape check; docs/deploy.md says how to verify it against real IAM.
@@ -9,6 +9,7 @@ as a shape check; docs/deploy.md says how to verify it against real IAM.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,6 +39,16 @@ from gpujobs_local.template import (
 )
 
 STACK = "gpujobs-test"
+DOCS_EVENTS = TEMPLATE_PATH.parent / "docs" / "events.md"
+EVENT_FUNCTIONS = {
+    "SpotFunction": "functions/spot/",
+    "InstanceStateFunction": "functions/instance_state/",
+    "ReportsFunction": "functions/reports/",
+    "IdleFunction": "functions/idle/",
+    "BudgetFunction": "functions/budget/",
+    "ReconcilerFunction": "functions/reconciler/",
+}
+"""Functions driven by the cloud's events (and the clock); each may launch, stop or signal instances."""
 TAG_KEYS_THE_LAUNCHER_WRITES = {"gpujobs:stack", "gpujobs:job-id", "gpujobs:attempt", "gpujobs:team", "Name"}
 ENV_THE_SETTINGS_READ = {
     "JOBS_TABLE",
@@ -49,6 +60,7 @@ ENV_THE_SETTINGS_READ = {
     "SUBNET_IDS",
     "ALLOWED_INSTANCE_TYPES",
     "GPUJOBS_STACK_NAME",
+    "CHECKPOINT_DOCUMENT",
 }
 OUTPUTS_THE_CLI_READS = {
     "JobsQueueUrl",
@@ -59,6 +71,8 @@ OUTPUTS_THE_CLI_READS = {
     "LaunchTemplateId",
     "InstanceRoleArn",
     "SubmitFunctionName",
+    "BudgetAlertsTopicArn",
+    "CheckpointNowDocumentName",
 }
 
 
@@ -73,9 +87,46 @@ def _walk(value: Any) -> Iterator[tuple[str, Any]]:
             yield from _walk(item)
 
 
+def _managed_policy_statements(logical_id: str) -> list[dict[str, Any]]:
+    found = properties(logical_id)["PolicyDocument"]["Statement"]
+    return [found] if isinstance(found, dict) else list(found)
+
+
+def _managed_policies_of(function: str) -> list[str]:
+    """The stack's own managed policies a function attaches with `Policies: [!Ref X]`."""
+    managed = resources_of_type("AWS::IAM::ManagedPolicy")
+    return [
+        p["Ref"] for p in properties(function).get("Policies", []) if isinstance(p, dict) and p.get("Ref") in managed
+    ]
+
+
+def _function_statements(function: str) -> list[dict[str, Any]]:
+    """What a function's role may do: its inline statements plus those of the stack's managed policies it uses."""
+    inline = policy_statements(function)
+    return inline + [s for policy in _managed_policies_of(function) for s in _managed_policy_statements(policy)]
+
+
 def _all_statements() -> list[tuple[str, dict[str, Any]]]:
     owners = {**resources_of_type("AWS::Serverless::Function"), **resources_of_type("AWS::IAM::Role")}
-    return [(logical_id, s) for logical_id in owners for s in policy_statements(logical_id)]
+    inline = [(logical_id, s) for logical_id in owners for s in policy_statements(logical_id)]
+    managed = [
+        (logical_id, s)
+        for logical_id in resources_of_type("AWS::IAM::ManagedPolicy")
+        for s in _managed_policy_statements(logical_id)
+    ]
+    return inline + managed
+
+
+def _allowing(statements: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
+    return [s for s in statements if s["Effect"] == "Allow" and action in as_list(s.get("Action", []))]
+
+
+def _event_sources(function: str, event_type: str) -> dict[str, dict[str, Any]]:
+    return {
+        name: event["Properties"]
+        for name, event in properties(function).get("Events", {}).items()
+        if event["Type"] == event_type
+    }
 
 
 def _resources_text(statement: dict[str, Any]) -> str:
@@ -288,6 +339,295 @@ def test_no_statement_grants_every_action_of_a_service() -> None:
     for logical_id, statement in _all_statements():
         for action in as_list(statement.get("Action", [])):
             assert not str(action).endswith(":*"), (logical_id, statement)
+
+
+# ------------------------------------------------------------------- reacting to the cloud
+def test_each_event_function_has_its_code_folder_and_the_shared_handler_name() -> None:
+    for logical_id, code_uri in EVENT_FUNCTIONS.items():
+        props = function_properties(logical_id)
+
+        assert (props["CodeUri"], props["Handler"]) == (code_uri, "app.handler"), logical_id
+
+
+def test_every_function_writes_to_its_own_log_group_with_the_retention_parameter() -> None:
+    groups = resources_of_type("AWS::Logs::LogGroup")
+    seen: set[str] = set()
+    for logical_id in resources_of_type("AWS::Serverless::Function"):
+        group = function_properties(logical_id)["LoggingConfig"]["LogGroup"]["Ref"]
+
+        assert group in groups, logical_id
+        assert groups[group]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}, group
+        assert group not in seen, f"{logical_id} shares {group}"
+        seen.add(group)
+
+
+def test_spot_signals_and_instance_state_changes_come_from_ec2_on_the_default_bus() -> None:
+    (spot,) = _event_sources("SpotFunction", "EventBridgeRule").values()
+    (state,) = _event_sources("InstanceStateFunction", "EventBridgeRule").values()
+
+    assert "EventBusName" not in spot
+    assert "EventBusName" not in state
+    assert spot["Pattern"] == {
+        "source": ["aws.ec2"],
+        "detail-type": ["EC2 Spot Instance Interruption Warning", "EC2 Instance Rebalance Recommendation"],
+    }
+    assert state["Pattern"]["source"] == ["aws.ec2"]
+    assert state["Pattern"]["detail-type"] == ["EC2 Instance State-change Notification"]
+    assert set(state["Pattern"]["detail"]["state"]) == {"stopping", "stopped", "shutting-down", "terminated", "running"}
+
+
+def test_trainer_and_instance_reports_come_from_the_stacks_own_bus() -> None:
+    (reports,) = _event_sources("ReportsFunction", "EventBridgeRule").values()
+
+    assert reports["EventBusName"] == {"Ref": "JobsEventBus"}
+    assert reports["Pattern"] == {
+        "source": ["gpujobs.trainer", "gpujobs.instance"],
+        "detail-type": ["Checkpoint Committed", "Training Heartbeat", "Job Exited"],
+    }
+
+
+def test_idle_alarms_are_matched_by_this_stacks_alarm_name_prefix_in_alarm_state_only() -> None:
+    (idle,) = _event_sources("IdleFunction", "EventBridgeRule").values()
+    pattern = idle["Pattern"]
+
+    assert "EventBusName" not in idle
+    assert (pattern["source"], pattern["detail-type"]) == (["aws.cloudwatch"], ["CloudWatch Alarm State Change"])
+    assert pattern["detail"]["alarmName"] == [{"prefix": {"Fn::Sub": "gpujobs-idle-${AWS::StackName}-i-"}}]
+    assert pattern["detail"]["state"] == {"value": ["ALARM"]}
+
+
+def test_budget_function_hears_budgets_over_sns_and_cost_anomalies_over_eventbridge() -> None:
+    (sns,) = _event_sources("BudgetFunction", "SNS").values()
+    (anomalies,) = _event_sources("BudgetFunction", "EventBridgeRule").values()
+
+    assert sns["Topic"] == {"Ref": "BudgetAlertsTopic"}
+    assert sns["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]}}
+    assert anomalies["Pattern"] == {"source": ["aws.ce"], "detail-type": ["Anomaly Detected"]}
+
+
+def test_the_reconciler_runs_every_minute_one_at_a_time_and_drops_stale_ticks() -> None:
+    props = function_properties("ReconcilerFunction")
+    (tick,) = _event_sources("ReconcilerFunction", "Schedule").values()
+
+    assert tick["Schedule"] == "rate(1 minute)"
+    assert props["Timeout"] == 120
+    assert props["ReservedConcurrentExecutions"] == 1
+    assert props["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
+    assert props["EventInvokeConfig"]["MaximumEventAgeInSeconds"] <= 3 * 60
+
+
+def test_every_eventbridge_rule_retries_for_an_hour_then_dead_letters_to_one_encrypted_queue() -> None:
+    rules = [
+        (fn, name, props)
+        for fn in resources_of_type("AWS::Serverless::Function")
+        for name, props in _event_sources(fn, "EventBridgeRule").items()
+    ]
+
+    assert len(rules) >= 5
+    for fn, name, props in rules:
+        assert props["RetryPolicy"] == {"MaximumRetryAttempts": 8, "MaximumEventAgeInSeconds": 3600}, (fn, name)
+        assert props["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]}}, (fn, name)
+    assert properties("EventsDeadLetterQueue")["SqsManagedSseEnabled"] is True
+    assert properties("EventsDeadLetterQueue")["MessageRetentionPeriod"] == 14 * 24 * 3600
+
+
+def test_a_function_failing_on_an_event_after_its_retries_also_ends_in_the_dead_letter_queue() -> None:
+    for logical_id in set(EVENT_FUNCTIONS) - {"ReconcilerFunction"}:
+        config = function_properties(logical_id)["EventInvokeConfig"]
+
+        assert config["DestinationConfig"]["OnFailure"] == {
+            "Type": "SQS",
+            "Destination": {"Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]},
+        }, logical_id
+
+
+def test_only_eventbridge_rules_and_the_budget_topic_of_this_account_may_dead_letter() -> None:
+    (policy,) = [
+        p["Properties"]
+        for p in resources_of_type("AWS::SQS::QueuePolicy").values()
+        if p["Properties"]["Queues"] == [{"Ref": "EventsDeadLetterQueue"}]
+    ]
+    statements = {s["Principal"]["Service"]: s for s in policy["PolicyDocument"]["Statement"]}
+    alarm = properties("EventsDeadLetterAlarm")
+
+    assert set(statements) == {"events.amazonaws.com", "sns.amazonaws.com"}
+    assert statements["events.amazonaws.com"]["Condition"]["StringEquals"] == {
+        "aws:SourceAccount": {"Ref": "AWS::AccountId"}
+    }
+    assert statements["sns.amazonaws.com"]["Condition"] == {
+        "ArnEquals": {"aws:SourceArn": {"Ref": "BudgetAlertsTopic"}}
+    }
+    assert all(s["Action"] == "sqs:SendMessage" for s in statements.values())
+    assert alarm["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": ["EventsDeadLetterQueue", "QueueName"]}}
+    ]
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("GreaterThanThreshold", 0)
+
+
+# ----------------------------------------------------------------------------- budgets
+def test_only_aws_budgets_of_this_account_may_publish_budget_alerts() -> None:
+    policy = properties("BudgetAlertsTopicPolicy")
+    (statement,) = policy["PolicyDocument"]["Statement"]
+
+    assert policy["Topics"] == [{"Ref": "BudgetAlertsTopic"}]
+    assert statement["Principal"] == {"Service": "budgets.amazonaws.com"}
+    assert statement["Action"] == "SNS:Publish"
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    # Budgets cannot publish to a topic under the AWS-managed key alias/aws/sns.
+    assert properties("BudgetAlertsTopic").get("KmsMasterKeyId") != "alias/aws/sns"
+
+
+def test_the_stack_budget_exists_only_when_asked_for_and_alerts_on_actual_and_forecast() -> None:
+    budget = resource("MonthlyBudget")
+    template = load_template()
+    data = budget["Properties"]["Budget"]
+    notifications = budget["Properties"]["NotificationsWithSubscribers"]
+
+    assert template["Parameters"]["MonthlyBudgetUsd"]["Default"] == 0
+    assert budget["Condition"] == "HasMonthlyBudget"
+    assert template["Conditions"]["HasMonthlyBudget"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "MonthlyBudgetUsd"}, "0"]}]
+    }
+    assert (data["BudgetType"], data["TimeUnit"]) == ("COST", "MONTHLY")
+    assert data["BudgetName"] == {"Fn::Sub": "gpujobs-${AWS::StackName}-all"}
+    assert data["BudgetLimit"] == {"Amount": {"Ref": "MonthlyBudgetUsd"}, "Unit": "USD"}
+    assert data["CostFilters"] == {"TagKeyValue": [{"Fn::Sub": "user:gpujobs:stack$${AWS::StackName}"}]}
+    assert sorted(n["Notification"]["NotificationType"] for n in notifications) == ["ACTUAL", "FORECASTED"]
+    for n in notifications:
+        assert n["Notification"]["ComparisonOperator"] == "GREATER_THAN"
+        assert (n["Notification"]["Threshold"], n["Notification"]["ThresholdType"]) == (100, "PERCENTAGE")
+        assert n["Subscribers"] == [{"SubscriptionType": "SNS", "Address": {"Ref": "BudgetAlertsTopic"}}]
+
+
+# ------------------------------------------------------------------------ checkpoint now
+def test_checkpoint_now_document_signals_only_a_gpujobs_container_name() -> None:
+    props = properties("CheckpointNowDocument")
+    content = props["Content"]
+    (step,) = content["mainSteps"]
+    allowed = re.compile(content["parameters"]["containerName"]["allowedPattern"])
+
+    assert props["DocumentType"] == "Command"
+    assert content["schemaVersion"] == "2.2"
+    assert list(content["parameters"]) == ["containerName"]
+    assert step["action"] == "aws:runShellScript"
+    assert step["inputs"]["runCommand"] == ["docker kill --signal SIGUSR1 {{ containerName }}"]
+    assert allowed.search("gpujobs-j-0123456789abcdef-a1")
+    assert allowed.search("gpujobs-j-0123456789abcdef-a9999")
+    for hostile in (
+        "gpujobs-j-0123456789abcdef-a1; rm -rf /",
+        "gpujobs-j-0123456789abcdef-a1\nreboot",
+        "$(reboot)",
+        "gpujobs-j-0123456789ABCDEF-a1",
+        "other-container",
+    ):
+        assert not allowed.search(hostile), hostile
+
+
+# --------------------------------------------------------------------------------- IAM (functions)
+def test_every_function_reads_and_writes_the_jobs_table_and_publishes_only_on_the_stacks_bus() -> None:
+    for logical_id in resources_of_type("AWS::Serverless::Function"):
+        policies = properties(logical_id)["Policies"]
+        publishes = _allowing(_function_statements(logical_id), "events:PutEvents")
+
+        assert {"DynamoDBCrudPolicy": {"TableName": {"Ref": "JobsTable"}}} in policies, logical_id
+        assert publishes, logical_id
+        assert all(s["Resource"] == {"Fn::GetAtt": ["JobsEventBus", "Arn"]} for s in publishes), logical_id
+
+
+def test_every_function_that_may_launch_gets_the_launch_permissions_submit_has() -> None:
+    for logical_id in ["SubmitFunction", *EVENT_FUNCTIONS]:
+        statements = _function_statements(logical_id)
+        launches = _allowing(statements, "ec2:RunInstances")
+
+        assert _managed_policies_of(logical_id) == ["LauncherPolicy"], logical_id
+        assert any(":instance/*" in _resources_text(s) and "Condition" in s for s in launches), logical_id
+        assert any(":launch-template/" in _resources_text(s) for s in launches), logical_id
+        assert _allowing(statements, "iam:PassRole"), logical_id
+        assert _allowing(statements, "ec2:TerminateInstances"), logical_id
+        assert _allowing(statements, "ec2:StopInstances"), logical_id
+        assert _allowing(statements, "ec2:CreateTags"), logical_id
+        assert _allowing(statements, "ec2:DescribeInstances"), logical_id
+        assert _allowing(statements, "ssm:GetParameters"), logical_id
+        assert any(
+            s["Resource"] == {"Fn::Sub": "${CheckpointBucket.Arn}/jobs/*"}
+            for s in _allowing(statements, "s3:PutObject")
+        )
+        for action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource"):
+            assert _allowing(statements, action), (logical_id, action)
+        assert _allowing(statements, "ssm:SendCommand"), logical_id
+
+
+def test_idle_alarms_may_be_managed_only_under_this_stacks_name_prefix() -> None:
+    statements = _managed_policy_statements("LauncherPolicy")
+    for action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource"):
+        (statement,) = _allowing(statements, action)
+
+        assert statement["Resource"] == {
+            "Fn::Sub": "arn:${AWS::Partition}:cloudwatch:${AWS::Region}:${AWS::AccountId}:alarm:gpujobs-idle-${AWS::StackName}-i-*"
+        }
+
+
+def test_ssm_commands_run_only_the_checkpoint_document_and_only_on_this_stacks_instances() -> None:
+    sends = [s for _, s in _all_statements() if "ssm:SendCommand" in as_list(s.get("Action", []))]
+    documents = [s for s in sends if ":document/" in _resources_text(s)]
+    instances = [s for s in sends if ":instance/" in _resources_text(s)]
+
+    assert len(sends) == len(documents) + len(instances) == 2
+    (document,) = documents
+    (instance,) = instances
+    assert document["Resource"] == {
+        "Fn::Sub": "arn:${AWS::Partition}:ssm:${AWS::Region}:${AWS::AccountId}:document/${CheckpointNowDocument}"
+    }
+    assert instance["Condition"] == {"StringEquals": {"ssm:resourceTag/gpujobs:stack": {"Ref": "AWS::StackName"}}}
+
+
+def test_only_the_reconciler_and_the_budget_function_read_budgets_and_spot_prices() -> None:
+    readers = {
+        logical_id
+        for logical_id in resources_of_type("AWS::Serverless::Function")
+        if _allowing(_function_statements(logical_id), "budgets:ViewBudget")
+    }
+    pricers = {
+        logical_id
+        for logical_id in resources_of_type("AWS::Serverless::Function")
+        if _allowing(_function_statements(logical_id), "ec2:DescribeSpotPriceHistory")
+    }
+
+    assert readers == pricers == {"ReconcilerFunction", "BudgetFunction"}
+    for logical_id in readers:
+        (view,) = _allowing(_function_statements(logical_id), "budgets:ViewBudget")
+        assert view["Resource"] == {
+            "Fn::Sub": "arn:${AWS::Partition}:budgets::${AWS::AccountId}:budget/gpujobs-${AWS::StackName}-*"
+        }
+
+
+def test_instances_may_publish_gpu_metrics_through_the_cloudwatch_agent_policy() -> None:
+    managed = properties("InstanceRole")["ManagedPolicyArns"]
+
+    assert {"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/CloudWatchAgentServerPolicy"} in managed
+    assert _allowing(policy_statements("InstanceRole"), "events:PutEvents")
+
+
+# --------------------------------------------------------------------------------- docs
+def _doc_rows() -> list[str]:
+    return [line for line in DOCS_EVENTS.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+
+
+def test_every_event_the_template_routes_is_in_the_docs_events_table_with_its_function() -> None:
+    # Given every (function, kind of event) pair the template wires up
+    expected: list[tuple[str, str]] = []
+    for logical_id in resources_of_type("AWS::Serverless::Function"):
+        for props in _event_sources(logical_id, "EventBridgeRule").values():
+            expected += [(logical_id, detail_type) for detail_type in props["Pattern"]["detail-type"]]
+        if _event_sources(logical_id, "Schedule"):
+            expected.append((logical_id, "Scheduled Event"))
+        for props in _event_sources(logical_id, "SNS").values():
+            expected.append((logical_id, props["Topic"]["Ref"]))
+    assert len(expected) >= 10
+    # Then docs/events.md has a table row naming both
+    rows = _doc_rows()
+    missing = [(fn, what) for fn, what in expected if not any(what in row and fn in row for row in rows)]
+    assert not missing, f"docs/events.md lacks rows for {missing}"
 
 
 # ------------------------------------------------------------------------- moto (integration)

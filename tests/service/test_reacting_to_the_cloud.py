@@ -458,3 +458,17 @@ def test_budget_text_that_cannot_be_parsed_is_counted_never_a_breach(world: Worl
     assert reaction.ignored
     assert reaction.metrics == {"BudgetNotificationsUnparsed": 1}
     assert world.budgets.held_scopes() == []
+
+
+def test_the_replacement_is_told_to_wait_for_the_reclaimed_attempt(world: World) -> None:
+    import json
+
+    job = running(world)
+    (old,) = attempt_instances(world, job.job_id, 1)
+
+    world.reactions.spot_warning(old)
+
+    first, replacement = (json.loads(c.user_data) for c in world.compute.calls)
+    assert first["wait_for_attempt"] is None
+    assert replacement["attempt"] == 2
+    assert replacement["wait_for_attempt"] == 1

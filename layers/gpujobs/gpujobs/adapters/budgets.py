@@ -69,3 +69,31 @@ def _policy(item: dict[str, Any]) -> BudgetPolicy:
         period=item.get("period", {}).get("S", ""),
         since=datetime.fromisoformat(since) if since else None,
     )
+
+
+class BudgetsApiCheck:
+    """Whether a held scope's AWS budget has room again (its limit was raised above actual spend)."""
+
+    def __init__(self, *, budgets_client: Any, sts_client: Any, stack_name: str) -> None:
+        self._budgets = budgets_client
+        self._sts = sts_client
+        self._stack = stack_name
+        self._account: str | None = None
+
+    def budget_name(self, scope: str) -> str:
+        return f"gpujobs-{self._stack}-all" if scope == "all" else f"gpujobs-{self._stack}-team-{scope}"
+
+    def __call__(self, policy: BudgetPolicy) -> bool:
+        if policy.mode is not BudgetMode.HOLD:
+            return True  # a forecast warning lapses with its period; nothing to check
+        if self._account is None:
+            self._account = str(self._sts.get_caller_identity()["Account"])
+        try:
+            budget = self._budgets.describe_budget(AccountId=self._account, BudgetName=self.budget_name(policy.scope))[
+                "Budget"
+            ]
+        except self._budgets.exceptions.NotFoundException:
+            return False  # no budget to read: keep the hold until the period rolls over
+        limit = float(budget["BudgetLimit"]["Amount"])
+        actual = float(budget.get("CalculatedSpend", {}).get("ActualSpend", {}).get("Amount", "0"))
+        return actual < limit

@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from gpujobs.adapters.budgets import DynamoBudgetBook
+from gpujobs.adapters.budgets import BudgetsApiCheck, DynamoBudgetBook
 from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
@@ -92,9 +92,21 @@ def reconciler() -> Reconciler:
     from gpujobs.adapters.prices import Ec2Prices  # only the reconciler prices instances
 
     current = settings()
-    return Reconciler(reactions=reactions(), prices=Ec2Prices(client=client("ec2", current)))
+    return Reconciler(
+        reactions=reactions(),
+        prices=Ec2Prices(client=client("ec2", current)),
+        budget_has_room=BudgetsApiCheck(
+            budgets_client=client("budgets", current), sts_client=client("sts", current), stack_name=current.stack_name
+        ),
+    )
 
 
 @functools.cache
 def budget_reactions() -> BudgetReactions:
     return BudgetReactions(reactions=reactions(), stack_name=settings().stack_name)
+
+
+def reset() -> None:
+    """Forget every wired service (a fresh Lambda container); tests and the local cloud use it."""
+    for cached in (settings, job_service, reactions, reconciler, budget_reactions):
+        cached.cache_clear()

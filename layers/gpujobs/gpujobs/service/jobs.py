@@ -255,6 +255,7 @@ class JobService:
             checkpoint_every_minutes=spec.checkpoint_every_minutes,
             event_bus=self.config.event_bus_name,
             region=self.config.region,
+            wait_for_attempt=_attempt_being_reclaimed(job, attempt),
         )
         try:
             return self.render_user_data(doc)
@@ -437,6 +438,14 @@ def _reclaimed_pool(job: Job) -> tuple[str, str, Market] | None:
     for attempt in reversed(job.attempts[:-1]):
         if attempt.pool is not None:
             return attempt.pool if attempt.interrupted_at is not None else None
+    return None
+
+
+def _attempt_being_reclaimed(job: Job, attempt: Attempt) -> int | None:
+    """The interrupted attempt that may still be saving its checkpoint: the new one waits for it."""
+    for earlier in reversed(job.attempts):
+        if earlier.number < attempt.number and earlier.instance_ids:
+            return earlier.number if earlier.interrupted_at is not None and not earlier.is_over else None
     return None
 
 

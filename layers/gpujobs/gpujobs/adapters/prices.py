@@ -1,0 +1,78 @@
+"""Hourly instance prices for cost caps: on-demand from a packaged table, spot from EC2.
+
+Caps need the right order of magnitude, and when unsure they must err high. So:
+- On-demand prices come from `gpujobs/data/ondemand_prices.json`, us-east-1 Linux list prices for
+  the stack's default allow-list, read once. The Pricing API is not used: it answers from only two
+  regions, returns kilobytes of JSON per type, and would need one more IAM grant. A type missing
+  from the table has no price (None).
+- Spot prices come from `describe_spot_price_history` at "now" for the zone, cached per (type, zone)
+  for ten minutes (spot prices move slowly, and the reconciler asks for every job on every run).
+  When EC2 knows no spot price, or cannot be asked, the on-demand price stands in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
+from importlib import resources
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpujobs.domain.job import Market
+from gpujobs.service.ports import Clock
+
+log = logging.getLogger(__name__)
+
+PRICE_TABLE = "data/ondemand_prices.json"
+SPOT_CACHE_TTL = timedelta(minutes=10)
+
+
+class _UtcClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class Ec2Prices:
+    def __init__(self, *, client: Any, clock: Clock | None = None) -> None:
+        self._ec2 = client
+        self._clock: Clock = clock or _UtcClock()
+        self._spot: dict[tuple[str, str | None], tuple[datetime, float | None]] = {}
+
+    @cached_property
+    def on_demand_table(self) -> dict[str, float]:
+        """Instance type -> USD per hour, from the packaged table."""
+        text = resources.files("gpujobs").joinpath(PRICE_TABLE).read_text(encoding="utf-8")
+        return {name: float(price) for name, price in json.loads(text)["prices"].items()}
+
+    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
+        on_demand = self.on_demand_table.get(instance_type)
+        if market is Market.ON_DEMAND:
+            return on_demand
+        spot = self.spot_usd(instance_type=instance_type, zone=zone)
+        return spot if spot is not None else on_demand
+
+    def spot_usd(self, *, instance_type: str, zone: str | None) -> float | None:
+        """The spot price in effect now (the highest over the region's zones when `zone` is None)."""
+        key = (instance_type, zone)
+        now = self._clock.now()
+        cached = self._spot.get(key)
+        if cached is not None and now - cached[0] < SPOT_CACHE_TTL:
+            return cached[1]
+        params: dict[str, Any] = {
+            "InstanceTypes": [instance_type],
+            "ProductDescriptions": ["Linux/UNIX"],
+            "StartTime": now,
+        }
+        if zone:
+            params.update(AvailabilityZone=zone, MaxResults=1)
+        try:
+            history = self._ec2.describe_spot_price_history(**params)["SpotPriceHistory"]
+        except (BotoCoreError, ClientError) as exc:  # not cached: the next call asks again
+            log.warning("no spot price for %s in %s: %s", instance_type, zone or "any zone", exc)
+            return None
+        price = max((float(entry["SpotPrice"]) for entry in history), default=None)
+        self._spot[key] = (now, price)
+        return price
