@@ -13,8 +13,10 @@ import base64
 import gzip
 import importlib.util
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -101,6 +103,14 @@ class MotoStack:
             Rule="all-state-changes", EventBusName=self.bus, Targets=[{"Id": "q", "Arn": observed_arn}]
         )
 
+        self.ssm = boto3.client("ssm", region_name=REGION)
+        self.checkpoint_document = f"{STACK}-checkpoint-now"
+        self.ssm.create_document(
+            Name=self.checkpoint_document,
+            Content=json.dumps(template.properties("CheckpointNowDocument")["Content"]),
+            DocumentType="Command",
+        )
+
         self.env = {
             "JOBS_TABLE": self.table,
             "EVENT_BUS_NAME": self.bus,
@@ -111,6 +121,7 @@ class MotoStack:
             "SUBNET_IDS": ",".join(self.subnets),
             "ALLOWED_INSTANCE_TYPES": ",".join(ALLOWED),
             "GPUJOBS_STACK_NAME": STACK,
+            "CHECKPOINT_DOCUMENT": self.checkpoint_document,
             "AWS_REGION": REGION,
         }
 
@@ -145,6 +156,22 @@ class MotoStack:
                 if message["MessageId"] not in failed:
                     self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=message["ReceiptHandle"])
         return responses
+
+    def eventbridge(
+        self, source: str, detail_type: str, detail: dict[str, Any], resources: list[str] | None = None
+    ) -> dict[str, Any]:
+        """An EventBridge event as Lambda receives it from a rule."""
+        return {
+            "version": "0",
+            "id": str(uuid.uuid4()),
+            "detail-type": detail_type,
+            "source": source,
+            "account": "123456789012",
+            "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": REGION,
+            "resources": resources or [],
+            "detail": detail,
+        }
 
     def sqs_event(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])["Attributes"][
