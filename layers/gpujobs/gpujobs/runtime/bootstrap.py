@@ -1,7 +1,8 @@
 """The one place that wires real AWS clients into the services.
 
-Handlers call `job_service()` once per container; clients are created lazily so that importing a
-handler (the cold start) costs only the imports.
+Handlers call `job_service()`, `reactions()`, ... once per container; clients are created lazily,
+and each factory imports only what its use case needs, so the submit function never loads the
+reconciler or the budget parser and importing a handler (the cold start) costs only its own imports.
 """
 
 from __future__ import annotations
@@ -9,23 +10,24 @@ from __future__ import annotations
 import functools
 import os
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
 
-from gpujobs.adapters.budgets import BudgetsApiCheck, DynamoBudgetBook
+from gpujobs.adapters.budgets import DynamoBudgetBook
 from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
 from gpujobs.adapters.s3 import S3BlobStore
-from gpujobs.adapters.ssm import SsmSignaller
 from gpujobs.runtime.settings import Settings
-from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.jobs import JobService, LaunchConfig
-from gpujobs.service.reactions import Reactions
-from gpujobs.service.reconcile import Reconciler
+
+if TYPE_CHECKING:
+    from gpujobs.service.budgeting import BudgetReactions
+    from gpujobs.service.reactions import Reactions
+    from gpujobs.service.reconcile import Reconciler
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=20)
 
@@ -82,6 +84,9 @@ def job_service() -> JobService:
 
 @functools.cache
 def reactions() -> Reactions:
+    from gpujobs.adapters.ssm import SsmSignaller
+    from gpujobs.service.reactions import Reactions
+
     current = settings()
     signaller = SsmSignaller(client=client("ssm", current), document_name=current.checkpoint_document)
     return Reactions(jobs=job_service(), signaller=signaller)
@@ -89,7 +94,9 @@ def reactions() -> Reactions:
 
 @functools.cache
 def reconciler() -> Reconciler:
-    from gpujobs.adapters.prices import Ec2Prices  # only the reconciler prices instances
+    from gpujobs.adapters.budgets import BudgetsApiCheck
+    from gpujobs.adapters.prices import Ec2Prices
+    from gpujobs.service.reconcile import Reconciler
 
     current = settings()
     return Reconciler(
@@ -103,6 +110,8 @@ def reconciler() -> Reconciler:
 
 @functools.cache
 def budget_reactions() -> BudgetReactions:
+    from gpujobs.service.budgeting import BudgetReactions
+
     return BudgetReactions(reactions=reactions(), stack_name=settings().stack_name)
 
 
