@@ -7,7 +7,8 @@ document in each instance's user data, the events on the bus.
 
 The story: a job lands on spot in the first pool; a two-node gang finds no g5 spot capacity and
 falls back along the ladder; a duplicate delivery launches nothing; a bad spec is rejected with
-reasons; a cancel terminates the instances.
+reasons; a spot warning gets the container checkpointing while a replacement boots in another
+zone; a cancel terminates the instances.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class Demo:
         self.stack.deliver(self.submit)
         return job_id
 
-    def first_job(self) -> None:
+    def first_job(self) -> str:
         from gpujobs.instance.userdata import parse_user_data
 
         self.story.step("1. An ML engineer submits examples/digits.yaml with the gpujobs CLI")
@@ -138,6 +139,7 @@ class Demo:
         self.story.say(f"  checkpoints go to {document['checkpoint_uri']}")
         state = self.store.get(job_id).state.value
         self.summary["jobs"]["digits"] = {"job_id": job_id, "state": state, "instances": len(instances)}
+        return job_id
 
     def gang_on_short_capacity(self) -> str:
         self.story.step("2. A two-node gang while g5 spot capacity is short (InsufficientInstanceCapacity)")
@@ -152,6 +154,8 @@ class Demo:
             self.story.say(f"    refused: {t.instance_type} {t.zone} {t.market.value}: {t.error_code}")
         self.show_job(job_id)
         instances = self.show_instances(job_id)
+        self.stack.off_aws("provide-client-params.ec2.RunInstances", no_g5_spot)  # capacity is back
+        self.submit = self.fresh_handler()
         self.summary["jobs"]["gang"] = {
             "job_id": job_id,
             "state": job.state.value,
@@ -191,8 +195,41 @@ class Demo:
             self.story.say(f"    - {problem}")
         self.summary["jobs"]["rejected"] = {"job_id": rejected.job_id, "problems": list(rejected.problems)}
 
+    def spot_warning(self, job_id: str) -> None:
+        from gpujobs_local.stack import LambdaContext, load_function
+
+        self.story.step(f"5. EC2 warns that the spot instance of {job_id} will be reclaimed in two minutes")
+        job = self.store.get(job_id)
+        (instance_id,) = job.instance_ids
+        event = self.stack.eventbridge(
+            "aws.ec2",
+            "EC2 Spot Instance Interruption Warning",
+            {"instance-id": instance_id, "instance-action": "terminate"},
+            resources=[f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"],
+        )
+        quietly(load_function("spot").handler)(event, LambdaContext())
+        (command,) = self.stack.ssm.list_commands()["Commands"]
+        self.story.say(
+            f"  checkpoint now: SSM {command['DocumentName']} -> {command['Parameters']['containerName'][0]}"
+            f" on {instance_id}"
+        )
+        self.show_job(job_id)
+        after = self.store.get(job_id)
+        replacement = after.current_attempt
+        assert replacement is not None
+        self.story.say(
+            f"  replacement attempt {replacement.number}: {replacement.instance_type} {replacement.zone}"
+            f" {replacement.market.value if replacement.market else '?'}, booting while the old one checkpoints"
+        )
+        self.summary["jobs"]["digits"]["after_warning"] = {
+            "state": after.state.value,
+            "interruptions": after.interruptions,
+            "replacement_zone": replacement.zone,
+            "replacement_attempt": replacement.number,
+        }
+
     def cancel(self, job_id: str) -> None:
-        self.story.step(f"5. gpujobs cancel {job_id}")
+        self.story.step(f"6. gpujobs cancel {job_id}")
         _, out = cli("cancel", job_id)
         self.story.say(f"  $ gpujobs cancel {job_id}  ->  {out.strip().splitlines()[0]}")
         self.stack.deliver(self.submit)
@@ -202,7 +239,7 @@ class Demo:
         self.summary["jobs"]["gang"]["after_cancel"] = {"state": state, "instances": left}
 
     def subscriber_view(self) -> None:
-        self.story.step("6. What a subscriber to the bus saw (GPU Job State Change)")
+        self.story.step("7. What a subscriber to the bus saw (GPU Job State Change)")
         seen = self.stack.observed_events()
         self.story.say(f"  {len(seen)} events, e.g. {json.dumps(seen[1]['detail'])[:150]}...")
         self.summary["state_change_events"] = len(seen)
@@ -223,10 +260,11 @@ def run(story: Story) -> dict[str, Any]:
         stack = demo.stack
         story.say(f"  table {stack.table}, queue + DLQ, bucket {stack.bucket}, bus {stack.bus},")
         story.say(f"  launch template {stack.launch_template}, subnets {', '.join(stack.subnets)} (us-east-1a, b)")
-        demo.first_job()
+        digits = demo.first_job()
         gang = demo.gang_on_short_capacity()
         demo.duplicate_delivery()
         demo.bad_spec()
+        demo.spot_warning(digits)
         demo.cancel(gang)
         demo.subscriber_view()
     demo.summary["total_seconds"] = round(time.perf_counter() - story.started, 2)

@@ -129,6 +129,9 @@ class MotoStack:
         """Register a botocore hook for every client the code under test creates from now on."""
         boto3.DEFAULT_SESSION.events.register(event, hook)
 
+    def off_aws(self, event: str, hook: Callable[..., Any]) -> None:
+        boto3.DEFAULT_SESSION.events.unregister(event, hook)
+
     # ---- the event source mapping --------------------------------------------------------
     def send(self, body: str | dict[str, Any]) -> str:
         text = body if isinstance(body, str) else json.dumps(body)

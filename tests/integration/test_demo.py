@@ -37,4 +37,10 @@ def test_the_demo_launches_falls_back_deduplicates_rejects_and_cancels(
     assert jobs["gang"]["after_cancel"] == {"state": "CANCELLED", "instances": 0}
     assert jobs["duplicate"]["instances"] == 1
     assert [p.split(":")[0] for p in jobs["rejected"]["problems"]] == ["name", "command", "nodes", "instance_types"]
-    assert summary["state_change_events"] == 11
+    assert jobs["digits"]["after_warning"] == {
+        "state": "RUNNING",
+        "interruptions": 1,
+        "replacement_zone": "us-east-1b",
+        "replacement_attempt": 2,
+    }
+    assert summary["state_change_events"] == 14

@@ -609,11 +609,12 @@ def test_instances_may_publish_gpu_metrics_through_the_cloudwatch_agent_policy()
 
 
 # --------------------------------------------------------------------------------- docs
-def _doc_rows() -> list[str]:
-    return [line for line in DOCS_EVENTS.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+def _doc_rows(doc: Path = DOCS_EVENTS) -> list[str]:
+    return [line for line in doc.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
 
 
-def test_every_event_the_template_routes_is_in_the_docs_events_table_with_its_function() -> None:
+@pytest.mark.parametrize("doc", [DOCS_EVENTS, DOCS_EVENTS.parents[1] / "README.md"], ids=["docs-events", "readme"])
+def test_every_event_the_template_routes_is_in_the_docs_events_table_with_its_function(doc: Path) -> None:
     # Given every (function, kind of event) pair the template wires up
     expected: list[tuple[str, str]] = []
     for logical_id in resources_of_type("AWS::Serverless::Function"):
@@ -625,9 +626,9 @@ def test_every_event_the_template_routes_is_in_the_docs_events_table_with_its_fu
             expected.append((logical_id, props["Topic"]["Ref"]))
     assert len(expected) >= 10
     # Then docs/events.md has a table row naming both
-    rows = _doc_rows()
+    rows = _doc_rows(doc)
     missing = [(fn, what) for fn, what in expected if not any(what in row and fn in row for row in rows)]
-    assert not missing, f"docs/events.md lacks rows for {missing}"
+    assert not missing, f"{doc.name} lacks rows for {missing}"
 
 
 # ------------------------------------------------------------------------- moto (integration)
