@@ -93,10 +93,8 @@ class Reactions:
         now = self.now
 
         def mark(job: Job) -> Job | None:
-            attempt = job.attempt_of_instance(instance_id)
-            if attempt is None or attempt.is_over or attempt.interrupted_at is not None:
-                return None
-            if not job.is_current(attempt) or job.state is not JobState.RUNNING:
+            attempt = running_attempt(job, instance_id)
+            if attempt is None or attempt.interrupted_at is not None:
                 return None
             marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now}), now=now)
             move = interruption_moves(job)
@@ -128,8 +126,8 @@ class Reactions:
         now = self.now
 
         def note(job: Job) -> Job | None:
-            attempt = job.attempt_of_instance(instance_id)
-            if attempt is None or attempt.is_over or not job.is_current(attempt) or job.state is not JobState.RUNNING:
+            attempt = running_attempt(job, instance_id)
+            if attempt is None:
                 return None
             last = attempt.checkpoint_signalled_at
             if last is not None and now - last < REBALANCE_SIGNAL_INTERVAL:
@@ -377,8 +375,7 @@ class Reactions:
         job = self._job_of_instance(instance_id)
         if job is None:
             return Reaction(f"ignored: {instance_id} is not a gpujobs instance")
-        attempt = job.attempt_of_instance(instance_id)
-        if attempt is None or attempt.is_over or not job.is_current(attempt) or job.state is not JobState.RUNNING:
+        if running_attempt(job, instance_id) is None:
             self.jobs.alarms.delete(instance_ids=[instance_id])
             return Reaction("ignored: the alarm's attempt is over (alarm deleted)", job)
         idle = job.require_spec().idle
@@ -392,6 +389,15 @@ class Reactions:
             )
             return Reaction("recorded: idle action is ignore", job, {"IdleIgnored": 1})
         return self.request_stop(job.job_id, Reason.IDLE, detail=detail)
+
+
+def running_attempt(job: Job, instance_id: str) -> Attempt | None:
+    """The attempt of `instance_id` if it is the job's current, unfinished attempt of a RUNNING job:
+    the only attempt a warning, a rebalance or an idle alarm can still act on."""
+    attempt = job.attempt_of_instance(instance_id)
+    if attempt is None or attempt.is_over or not job.is_current(attempt) or job.state is not JobState.RUNNING:
+        return None
+    return attempt
 
 
 def _settle_metrics(before: Job, after: Job) -> dict[str, float]:
