@@ -472,3 +472,16 @@ def test_the_replacement_is_told_to_wait_for_the_reclaimed_attempt(world: World)
     assert first["wait_for_attempt"] is None
     assert replacement["attempt"] == 2
     assert replacement["wait_for_attempt"] == 1
+
+
+def test_a_checkpoint_report_after_the_job_ended_changes_its_state_not_at_all(world: World) -> None:
+    job = running(world)
+    (iid,) = attempt_instances(world, job.job_id, 1)
+    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0)
+
+    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=600, uri="s3://b/step-600")
+
+    done = world.store.get(job.job_id)
+    assert done.state is JobState.SUCCEEDED
+    assert done.checkpoint_step == 600  # where a later resubmission would resume from
+    assert len(world.compute.calls) == 1  # nothing relaunched

@@ -67,14 +67,35 @@ def local_sizes(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """tmp + fsync + rename: a reader sees the old file or the whole new one, never a torn one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
+def write_durably(path: Path, text: str) -> None:
+    """Write and fsync ``path``: it is on disk before anything that lists it is committed."""
+    with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make renames and new entries in ``folder`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """tmp + fsync + rename (+ fsync of the folder): a reader sees the old file or the whole new
+    one, never a torn one, and the rename itself survives a power loss."""
+    tmp = path.with_name(path.name + ".tmp")
+    write_durably(tmp, text)
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class LocalStore:
@@ -114,6 +135,7 @@ class LocalStore:
 
     def write_commit(self, marker: CommitMarker) -> None:
         write_atomically(self.staging_dir(marker.step) / COMMIT_FILE, marker.to_json())
+        fsync_dir(self.root)  # the step folder's own entry
 
     def fetch(self, step: int, marker: CommitMarker) -> Path:
         folder = self.staging_dir(step)
@@ -250,10 +272,11 @@ class S3Store:
         return f"s3://{self.bucket}/{self._key(step)}"
 
     def prune_staging(self, *, keep_step: int) -> None:
-        """Drop local staging copies of other steps once ``keep_step`` is committed on S3."""
+        """Drop local staging copies of older steps once ``keep_step`` is committed on S3 (newer
+        ones may belong to a save in progress; a later commit drops them)."""
         if not self.local_root.is_dir():
             return
         for child in self.local_root.iterdir():
             step = parse_step_dir(child.name)
-            if step is not None and step != keep_step:
+            if step is not None and step < keep_step:
                 shutil.rmtree(child, ignore_errors=True)

@@ -62,6 +62,17 @@ def job_status(job: Job) -> str:
         lines.append(f"next try  {when(job.next_try_at)}")
     if job.hold_reason:
         lines.append(f"held      {job.hold_reason}")
+    if job.stop_request is not None:
+        stop = job.stop_request
+        progress = (
+            f"executed {when(stop.executed_at)}"
+            if stop.executed_at
+            else f"waiting for a checkpoint until {when(stop.deadline)}"
+        )
+        lines.append(f"stopping  {stop.reason.value}: {stop.detail or '-'} ({progress})")
+    current = job.current_attempt
+    if current is not None and current.last_heartbeat_at is not None:
+        lines.append(f"progress  step {current.heartbeat_step} at {when(current.last_heartbeat_at)}")
     if job.problems:
         lines += ["", "problems:", *(f"  {p}" for p in job.problems)]
     if job.attempts:
