@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   set everything up, then run the main job (the control plane on an in-process AWS)
+#   make demo   set everything up, then run the main job: the local-cloud demo (a job survives a spot interruption)
 #   make test   set everything up, then run every check CI runs
 PYTHON ?= python3
 VENV ?= .venv

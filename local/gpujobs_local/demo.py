@@ -1,291 +1,250 @@
-"""`make demo`: the control plane doing its job on an in-process AWS (moto), nothing mocked by hand.
+"""`gpujobs local demo` (what `make demo` runs): a job survives a spot interruption, end to end.
 
-The stack is built from template.yaml itself (table, queue and DLQ, bucket, bus, launch template);
-the real `gpujobs` CLI sends the specs; the real submit Lambda handler consumes the queue; what
-comes out is read back the way an operator would: jobs in the table, instances in EC2, the run
-document in each instance's user data, the events on the bus.
-
-The story: a job lands on spot in the first pool; a two-node gang finds no g5 spot capacity and
-falls back along the ladder; a duplicate delivery launches nothing; a bad spec is rejected with
-reasons; a spot warning gets the container checkpointing while a replacement boots in another
-zone; a cancel terminates the instances.
+Everything real runs: the stack built from template.yaml on a moto server on 127.0.0.1, the Lambda
+handlers fed by the template's own event sources, the instance bootstrap from user data with its own
+fake IMDSv2 per instance, the trainer under torchrun (2 processes per node, gloo on CPU)
+checkpointing to S3 on that server. The demo only plays EC2: it interrupts the spot instance in the
+middle of training (the IMDS notice plus the EventBridge warning, then the termination after a
+grace scaled down for the demo) and watches the story unfold.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import os
+import re
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-ROOT = Path(__file__).resolve().parents[2]
+from gpujobs.domain.job import Job
+from gpujobs.domain.states import JobState
+from gpujobs.service.ports import JobNotFoundError
+from gpujobs_local.cli import _DropMetricLines
+from gpujobs_local.cloud import Delivery
+from gpujobs_local.session import ROOT, LocalSession, local_session
+
+TRAIN = ROOT / "training_image" / "examples" / "digits" / "train.py"
+STEPS = 400
+INTERRUPT_AFTER_STEP = 150
+NOTICE_SECONDS = 8.0
+_PROGRESS = re.compile(r"\[digits\] step\s+(\d+)/")
 
 
+def demo_spec(*, nodes: int) -> dict[str, Any]:
+    return {
+        "name": "digits-demo",
+        "image": "local/gpujobs-train:dev",
+        "command": [
+            "python",
+            str(TRAIN),
+            "--steps",
+            str(STEPS),
+            "--log-every",
+            "10",
+            "--step-sleep",
+            "0.03",
+            "--checkpoint-every-steps",
+            "50",
+        ],
+        "nodes": nodes,
+        "gpus_per_node": 2,
+        "instance_types": ["g5.12xlarge", "g6.12xlarge"],
+        "capacity": "spot-first",
+        "client_token": f"demo-{int(time.time() * 1000)}",
+        "team": "demo",
+    }
+
+
+@dataclass
 class Story:
-    def __init__(self, *, quiet: bool) -> None:
-        self.quiet = quiet
-        self.started = time.perf_counter()
+    out: TextIO | None
+    started: float = field(default_factory=time.monotonic)
+    lines: list[str] = field(default_factory=list)
 
-    def say(self, text: str = "") -> None:
-        if not self.quiet:
-            print(text, flush=True)
-
-    def step(self, title: str) -> None:
-        self.say(f"\n[{time.perf_counter() - self.started:5.1f}s] {title}")
-
-
-def cli(*argv: str) -> tuple[int, str]:
-    """Run the real gpujobs CLI in-process and capture what it prints."""
-    from gpujobs.cli.main import main as gpujobs_main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = gpujobs_main(list(argv))
-    return code, out.getvalue() + err.getvalue()
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.started:5.1f}s] {text}"
+        self.lines.append(line)
+        if self.out is not None:
+            print(line, file=self.out, flush=True)
 
 
-def quietly(handler: Any) -> Any:
-    """The handler as Lambda runs it, minus its JSON log and metric lines on the demo's stdout."""
-
-    def invoke(event: dict[str, Any], context: Any) -> Any:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return handler(event, context)
-
-    return invoke
-
-
-DEMO_ENV = {
-    "AWS_ACCESS_KEY_ID": "demo",
-    "AWS_SECRET_ACCESS_KEY": "demo",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "POWERTOOLS_TRACE_DISABLED": "true",
-    "POWERTOOLS_METRICS_DISABLED": "true",
-    "POWERTOOLS_LOG_LEVEL": "ERROR",
-    "POWERTOOLS_SERVICE_NAME": "gpujobs",
-    "POWERTOOLS_METRICS_NAMESPACE": "GpuJobs",
-}
-
-
-def no_g5_spot(params: dict[str, Any], **_: Any) -> None:
-    """A botocore hook refusing g5 spot launches the way EC2 does when the pool is empty."""
-    from botocore.exceptions import ClientError
-
-    if params["InstanceType"] == "g5.xlarge" and "InstanceMarketOptions" in params:
-        raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no g5 spot"}}, "RunInstances")
-
-
+@dataclass
 class Demo:
-    """The deployed stack on moto, the submit handler and the story told about them."""
+    session: LocalSession
+    story: Story
+    nodes: int
+    job_id: str = ""
+    checkpoints: list[tuple[int, int, str]] = field(default_factory=list)
+    """(step, attempt, reason) of every checkpoint committed, as the control plane heard of them."""
 
-    def __init__(self, story: Story) -> None:
-        from gpujobs.adapters.dynamodb import DynamoJobStore
-        from gpujobs_local.stack import MotoStack
+    # ---- watching ---------------------------------------------------------------------------
+    def on_delivery(self, delivery: Delivery) -> None:
+        event = delivery.event or {}
+        if delivery.kind == "Checkpoint Committed":
+            detail = event.get("detail", {})
+            seen = (int(detail.get("step", -1)), int(detail.get("attempt", 0)), str(detail.get("reason", "")))
+            if seen not in self.checkpoints:
+                self.checkpoints.append(seen)
+                step = seen[0]
+                self.story.say(
+                    f"checkpoint committed at step {step} (attempt {detail.get('attempt')}, {detail.get('reason')})"
+                )
+        elif delivery.error is not None:
+            self.story.say(f"{delivery.function} failed on {delivery.kind}: {delivery.error}")
 
-        self.story = story
-        self.stack = MotoStack()
-        os.environ.update(self.stack.env)
-        os.environ.update({"GPUJOBS_QUEUE_URL": self.stack.queue_url, "GPUJOBS_TABLE": self.stack.table})
-        self.store = DynamoJobStore(table_name=self.stack.table, client=self.stack.ddb)
-        self.submit = self.fresh_handler()
-        self.summary: dict[str, Any] = {"jobs": {}}
+    def job(self) -> Job:
+        return self.session.job(self.job_id)
 
-    def fresh_handler(self) -> Any:
-        """A cold start: a new container with new clients (so newly registered hooks apply)."""
-        from gpujobs.runtime import bootstrap
-        from gpujobs_local.stack import load_function
+    def state(self) -> JobState | None:
+        try:
+            return self.job().state
+        except JobNotFoundError:
+            return None
 
-        bootstrap.reset()
-        return quietly(load_function("submit").handler)
+    def wait(self, what: str, predicate: Any, timeout: float = 90.0) -> None:
+        self.session.cloud.wait_until(predicate, timeout=timeout, what=what)
 
-    def show_job(self, job_id: str) -> None:
-        for entry in self.store.get(job_id).history:
-            src = entry.source.value if entry.source else "(new)"
-            detail = f" - {entry.detail}" if entry.detail else ""
-            self.story.say(f"    {src:>11} -> {entry.target.value:<9} {entry.reason.value}{detail[:110]}")
+    def progress(self, attempt: int) -> int:
+        """The newest step the attempt's rank-0 node has printed."""
+        job = self.job()
+        record = job.attempt(attempt)
+        if record is None or not record.instance_ids:
+            return -1
+        log = self.session.runner.log_path(record.instance_ids[0])
+        steps = [int(m.group(1)) for m in _PROGRESS.finditer(log.read_text(errors="replace"))] if log.exists() else []
+        return max(steps, default=-1)
 
-    def show_instances(self, job_id: str) -> list[dict[str, Any]]:
-        found = self.stack.instances(**{"gpujobs:job-id": job_id})
-        for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
-            tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
-            self.story.say(
-                f"    {inst['InstanceId']}  {inst['InstanceType']:<10} {inst['Placement']['AvailabilityZone']}"
-                f"  {inst.get('InstanceLifecycle', 'on-demand'):<9} rank {inst['AmiLaunchIndex']}"
-                f"  attempt {tags['gpujobs:attempt']}  team {tags['gpujobs:team']}"
-            )
-        return found
+    def result_line(self, attempt: int, event: str) -> dict[str, Any] | None:
+        record = self.job().attempt(attempt)
+        if record is None or not record.instance_ids:
+            return None
+        log = self.session.runner.log_path(record.instance_ids[0])
+        if not log.exists():
+            return None
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and f'"event": "{event}"' in line:
+                found: dict[str, Any] = json.loads(line)
+                return found
+        return None
 
-    def submit_file(self, name: str) -> str:
-        code, out = cli("submit", str(ROOT / "examples" / name))
-        job_id = out.strip().splitlines()[0]
-        self.story.say(f"  $ gpujobs submit examples/{name}  ->  {job_id} (exit {code})")
-        self.stack.deliver(self.submit)
-        return job_id
-
-    def first_job(self) -> str:
-        from gpujobs.instance.userdata import parse_user_data
-
-        self.story.step("1. An ML engineer submits examples/digits.yaml with the gpujobs CLI")
-        job_id = self.submit_file("digits.yaml")
-        self.story.say("  the submit function consumed the queue:")
-        self.show_job(job_id)
-        instances = self.show_instances(job_id)
-        document = parse_user_data(self.stack.user_data(instances[0]["InstanceId"])).model_dump()
-        self.story.say(f"  user data carries the run document: command {document['command']}")
-        self.story.say(f"  checkpoints go to {document['checkpoint_uri']}")
-        state = self.store.get(job_id).state.value
-        self.summary["jobs"]["digits"] = {"job_id": job_id, "state": state, "instances": len(instances)}
-        return job_id
-
-    def gang_on_short_capacity(self) -> str:
-        self.story.step("2. A two-node gang while g5 spot capacity is short (InsufficientInstanceCapacity)")
-        self.stack.on_aws("provide-client-params.ec2.RunInstances", no_g5_spot)
-        self.submit = self.fresh_handler()
-        job_id = self.submit_file("digits-2node.yaml")
-        job = self.store.get(job_id)
-        attempt = job.current_attempt
-        if attempt is None:
-            raise RuntimeError(f"{job_id} was not launched: {job.status_detail}")
-        for t in attempt.tries:
-            self.story.say(f"    refused: {t.instance_type} {t.zone} {t.market.value}: {t.error_code}")
-        self.show_job(job_id)
-        instances = self.show_instances(job_id)
-        self.stack.off_aws("provide-client-params.ec2.RunInstances", no_g5_spot)  # capacity is back
-        self.submit = self.fresh_handler()
-        self.summary["jobs"]["gang"] = {
-            "job_id": job_id,
-            "state": job.state.value,
-            "instance_type": attempt.instance_type,
-            "refused_tries": len(attempt.tries),
-            "instances": len(instances),
-        }
-        return job_id
-
-    def duplicate_delivery(self) -> None:
-        from gpujobs.domain.job import job_id_for
-        from gpujobs_local.stack import LambdaContext
-
-        self.story.step("3. SQS delivers the same message twice")
-        spec = {"name": "twice", "image": "r/i:1", "command": ["python", "t.py"], "instance_types": ["g6.xlarge"]}
-        self.stack.send(spec)
-        sqs, url = self.stack.sqs, self.stack.queue_url
-        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1)["Messages"]
-        for _ in range(2):
-            self.submit(self.stack.sqs_event(messages), LambdaContext())
-        sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
-        job_id = job_id_for(client_token=None, team=None, message_id=messages[0]["MessageId"])
-        count = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
-        self.story.say(f"  two deliveries -> one job {job_id}, {count} instance (RunInstances ran once)")
-        self.summary["jobs"]["duplicate"] = {"job_id": job_id, "instances": count}
-
-    def bad_spec(self) -> None:
+    # ---- the story --------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cloud = self.session.cloud
+        cloud.on_delivery(self.on_delivery)
+        spec = demo_spec(nodes=self.nodes)
+        self.session.send(spec)
         from gpujobs.domain.job import job_id_for
 
-        self.story.step("4. A bad spec sent straight to the queue (aws sqs send-message)")
-        bad = {"name": "Digits", "image": "r/i:1", "command": [], "instance_types": ["x1.32xlarge"], "nodes": 0}
-        message_id = self.stack.send(bad)
-        self.stack.deliver(self.submit)
-        rejected = self.store.get(job_id_for(client_token=None, team=None, message_id=message_id))
-        self.story.say(f"  {rejected.job_id} {rejected.state.value}, consumed (no retry loop):")
-        for problem in rejected.problems:
-            self.story.say(f"    - {problem}")
-        self.summary["jobs"]["rejected"] = {"job_id": rejected.job_id, "problems": list(rejected.problems)}
-
-    def spot_warning(self, job_id: str) -> None:
-        from gpujobs_local.stack import LambdaContext, load_function
-
-        self.story.step(f"5. EC2 warns that the spot instance of {job_id} will be reclaimed in two minutes")
-        job = self.store.get(job_id)
-        (instance_id,) = job.instance_ids
-        event = self.stack.eventbridge(
-            "aws.ec2",
-            "EC2 Spot Instance Interruption Warning",
-            {"instance-id": instance_id, "instance-action": "terminate"},
-            resources=[f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"],
-        )
-        quietly(load_function("spot").handler)(event, LambdaContext())
-        (command,) = self.stack.ssm.list_commands()["Commands"]
+        self.job_id = job_id_for(client_token=spec["client_token"], team=spec["team"], message_id=None)
         self.story.say(
-            f"  checkpoint now: SSM {command['DocumentName']} -> {command['Parameters']['containerName'][0]}"
-            f" on {instance_id}"
+            f"submitted {spec['name']} as {self.job_id}: {self.nodes} node(s) x 2 processes, {STEPS} steps on digits"
         )
-        self.show_job(job_id)
-        after = self.store.get(job_id)
-        replacement = after.current_attempt
+        self.wait("the job to run", lambda: self.state() is JobState.RUNNING)
+        first = self.job().current_attempt
+        assert first is not None
+        self.story.say(
+            f"launched attempt 1: {len(first.instance_ids)} x {first.instance_type} in {first.zone}"
+            f" ({first.market.value if first.market else '?'}) {', '.join(first.instance_ids)}"
+        )
+        self.wait(f"training past step {INTERRUPT_AFTER_STEP}", lambda: self.progress(1) >= INTERRUPT_AFTER_STEP, 120)
+        victim = first.instance_ids[-1]
+        warned_at = time.monotonic()
+        self.session.runner.interrupt_spot(victim, notice_seconds=NOTICE_SECONDS)
+        self.story.say(
+            f"EC2: spot interruption warning for {victim} at step ~{self.progress(1)}"
+            f" (terminates in {NOTICE_SECONDS:g} s)"
+        )
+        self.wait("the replacement attempt", lambda: (self.job().current_attempt or first).number >= 2)
+        replacement = self.job().current_attempt
         assert replacement is not None
         self.story.say(
-            f"  replacement attempt {replacement.number}: {replacement.instance_type} {replacement.zone}"
-            f" {replacement.market.value if replacement.market else '?'}, booting while the old one checkpoints"
+            f"replacement attempt {replacement.number} launched at once: {len(replacement.instance_ids)} x"
+            f" {replacement.instance_type} in {replacement.zone}"
+            f" ({replacement.market.value if replacement.market else '?'})"
         )
-        self.summary["jobs"]["digits"]["after_warning"] = {
-            "state": after.state.value,
-            "interruptions": after.interruptions,
-            "replacement_zone": replacement.zone,
-            "replacement_attempt": replacement.number,
+        self.wait("the replacement to resume", lambda: self.result_line(replacement.number, "resumed") is not None, 150)
+        resumed = self.result_line(replacement.number, "resumed") or {}
+        resumed_at = time.monotonic()
+        # how far attempt 1 got: its last progress line or its last checkpoint, whichever is later
+        stopped_at = max([self.progress(1)] + [step for step, attempt, _ in self.checkpoints if attempt == 1])
+        self.story.say(f"attempt {replacement.number} resumed from step {resumed.get('step')}")
+        self.wait("the job to finish", lambda: self.job().state.is_terminal, 150)
+        final = self.job()
+        result = self.result_line(replacement.number, "final") or {}
+        self.story.say(f"job {final.state.value}: held-out accuracy {result.get('accuracy')}")
+        return self.summary(final, resumed, result, stopped_at, resumed_at - warned_at)
+
+    def summary(
+        self, job: Job, resumed: dict[str, Any], result: dict[str, Any], stopped_at: int, warning_to_resumed: float
+    ) -> dict[str, Any]:
+        attempts = []
+        for attempt in job.attempts:
+            if not attempt.instance_ids:
+                continue
+            start = attempt.resume_from_step if attempt.number == 1 else resumed.get("step")
+            end = stopped_at if attempt.number == 1 else result.get("step")
+            attempts.append(
+                {
+                    "attempt": attempt.number,
+                    "instance_type": attempt.instance_type,
+                    "zone": attempt.zone,
+                    "market": attempt.market.value if attempt.market else None,
+                    "instances": list(attempt.instance_ids),
+                    "start_step": start or 0,
+                    "end_step": end,
+                    "end_reason": attempt.end_reason,
+                }
+            )
+        resumed_step = resumed.get("step")
+        return {
+            "job_id": job.job_id,
+            "final_state": job.state.value,
+            "attempts": attempts,
+            "checkpoint_steps": sorted({step for step, _, _ in self.checkpoints}),
+            "steps_lost": (stopped_at - resumed_step) if isinstance(resumed_step, int) else None,
+            "seconds_warning_to_resumed": round(warning_to_resumed, 1),
+            "accuracy": result.get("accuracy"),
+            "total_seconds": round(time.monotonic() - self.story.started, 1),
         }
-
-    def cancel(self, job_id: str) -> None:
-        self.story.step(f"6. gpujobs cancel {job_id}")
-        _, out = cli("cancel", job_id)
-        self.story.say(f"  $ gpujobs cancel {job_id}  ->  {out.strip().splitlines()[0]}")
-        self.stack.deliver(self.submit)
-        left = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
-        state = self.store.get(job_id).state.value
-        self.story.say(f"  {job_id} {state}; instances left: {left}")
-        self.summary["jobs"]["gang"]["after_cancel"] = {"state": state, "instances": left}
-
-    def subscriber_view(self) -> None:
-        self.story.step("7. What a subscriber to the bus saw (GPU Job State Change)")
-        seen = self.stack.observed_events()
-        self.story.say(f"  {len(seen)} events, e.g. {json.dumps(seen[1]['detail'])[:150]}...")
-        self.summary["state_change_events"] = len(seen)
-        _, out = cli("list", "--state", "all")
-        self.story.say("  $ gpujobs list --state all")
-        for line in out.rstrip().splitlines():
-            self.story.say(f"  {line}")
-
-
-def run(story: Story) -> dict[str, Any]:
-    os.environ.update(DEMO_ENV)
-    os.environ.pop("AWS_ENDPOINT_URL", None)
-    from moto import mock_aws
-
-    with mock_aws():
-        story.step("Deploying the stack from template.yaml onto an in-process AWS (moto)")
-        demo = Demo(story)
-        stack = demo.stack
-        story.say(f"  table {stack.table}, queue + DLQ, bucket {stack.bucket}, bus {stack.bus},")
-        story.say(f"  launch template {stack.launch_template}, subnets {', '.join(stack.subnets)} (us-east-1a, b)")
-        digits = demo.first_job()
-        gang = demo.gang_on_short_capacity()
-        demo.duplicate_delivery()
-        demo.bad_spec()
-        demo.spot_warning(digits)
-        demo.cancel(gang)
-        demo.subscriber_view()
-    demo.summary["total_seconds"] = round(time.perf_counter() - story.started, 2)
-    return demo.summary
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="gpujobs-local",
+        prog="gpujobs local demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="instances in the gang (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON summary object instead of the story")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
-    story = Story(quiet=args.json)
-    summary = run(story)
+    out = sys.stdout
+    sys.stdout = _DropMetricLines(out)  # Powertools prints its cold-start metric line even when disabled
+    try:
+        return _run(args, out)
+    finally:
+        sys.stdout = out
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    story = Story(out=None if args.json else out)
+    with tempfile.TemporaryDirectory(prefix="gpujobs-demo-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        story.say(f"starting the local cloud (logs in {workdir})")
+        with local_session(workdir=workdir) as session:
+            summary = Demo(session=session, story=story, nodes=args.nodes).run()
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary, indent=2), file=out)
     else:
-        story.step(f"Done in {summary['total_seconds']} s.")
-    return 0
+        story.say(
+            f"summary: {summary['final_state']}, accuracy {summary['accuracy']}, steps lost {summary['steps_lost']},"
+            f" {summary['seconds_warning_to_resumed']} s from warning to resumed, {summary['total_seconds']} s in all"
+        )
+    return 0 if summary["final_state"] == "SUCCEEDED" else 1
 
 
 if __name__ == "__main__":

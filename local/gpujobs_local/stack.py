@@ -10,6 +10,7 @@ visibility timeout, until the queue's redrive policy moves them to the dead-lett
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -23,12 +24,14 @@ from typing import Any
 
 import boto3
 from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ClientError
 
 from gpujobs_local import template
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
 STACK = "gpujobs-local"
+MOTO_FIRST_AMAZON_AMI = "ami-03cf127a"
 ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
 
 
@@ -45,9 +48,14 @@ class LambdaContext:
 
 @dataclass
 class MotoStack:
+    """The stack's resources, under `mock_aws()` or against a moto server (AWS_ENDPOINT_URL set)."""
+
     env: dict[str, str] = field(default_factory=dict)
+    stack_name: str = STACK
+    allowed_instance_types: tuple[str, ...] = ALLOWED
 
     def __post_init__(self) -> None:
+        stack = self.stack_name
         boto3.setup_default_session()
         # moto gap: CreatePlacementGroup is not implemented. Answer it here, as EC2 would.
         self.on_aws("before-call.ec2.CreatePlacementGroup", _placement_group_created)
@@ -67,32 +75,32 @@ class MotoStack:
         self.security_group = self.ec2.create_security_group(GroupName="gpujobs", Description="gpujobs", VpcId=vpc)[
             "GroupId"
         ]
-        image = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image = _an_amazon_image(self.ec2)
         self.launch_template = self.ec2.create_launch_template(
-            LaunchTemplateName=f"{STACK}-instances",
+            LaunchTemplateName=f"{stack}-instances",
             LaunchTemplateData=template.launch_template_data(
                 image_id=image,
                 instance_profile_arn="arn:aws:iam::123456789012:instance-profile/gpujobs-test",
-                stack_name=STACK,
+                stack_name=stack,
             ),
         )["LaunchTemplate"]["LaunchTemplateId"]
 
-        self.table = f"{STACK}-jobs"
+        self.table = f"{stack}-jobs"
         self.ddb.create_table(**template.table_definition(table_name=self.table))
 
-        dlq = self.sqs.create_queue(QueueName=f"{STACK}-dlq")["QueueUrl"]
+        dlq = self.sqs.create_queue(QueueName=f"{stack}-dlq")["QueueUrl"]
         self.dlq_url = dlq
         dlq_arn = self.sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         self.queue_url = self.sqs.create_queue(
-            QueueName=f"{STACK}-jobs", Attributes=template.queue_attributes(dead_letter_arn=dlq_arn)
+            QueueName=f"{stack}-jobs", Attributes=template.queue_attributes(dead_letter_arn=dlq_arn)
         )["QueueUrl"]
 
-        self.bucket = f"{STACK}-checkpoints"
+        self.bucket = f"{stack}-checkpoints"
         self.s3.create_bucket(Bucket=self.bucket)
-        self.bus = f"{STACK}-jobs"
+        self.bus = f"{stack}-jobs"
         self.events.create_event_bus(Name=self.bus)
         # Capture what the control plane publishes, as a subscriber would.
-        self.events_queue = self.sqs.create_queue(QueueName=f"{STACK}-observed")["QueueUrl"]
+        self.events_queue = self.sqs.create_queue(QueueName=f"{stack}-observed")["QueueUrl"]
         observed_arn = self.sqs.get_queue_attributes(QueueUrl=self.events_queue, AttributeNames=["QueueArn"])[
             "Attributes"
         ]["QueueArn"]
@@ -104,7 +112,7 @@ class MotoStack:
         )
 
         self.ssm = boto3.client("ssm", region_name=REGION)
-        self.checkpoint_document = f"{STACK}-checkpoint-now"
+        self.checkpoint_document = f"{stack}-checkpoint-now"
         self.ssm.create_document(
             Name=self.checkpoint_document,
             Content=json.dumps(template.properties("CheckpointNowDocument")["Content"]),
@@ -119,8 +127,8 @@ class MotoStack:
             "LAUNCH_TEMPLATE_ID": self.launch_template,
             "SECURITY_GROUP_ID": self.security_group,
             "SUBNET_IDS": ",".join(self.subnets),
-            "ALLOWED_INSTANCE_TYPES": ",".join(ALLOWED),
-            "GPUJOBS_STACK_NAME": STACK,
+            "ALLOWED_INSTANCE_TYPES": ",".join(self.allowed_instance_types),
+            "GPUJOBS_STACK_NAME": stack,
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
             "AWS_REGION": REGION,
         }
@@ -221,6 +229,16 @@ class MotoStack:
             for m in batch:
                 seen.append(json.loads(m["Body"]))
                 self.sqs.delete_message(QueueUrl=self.events_queue, ReceiptHandle=m["ReceiptHandle"])
+
+
+def _an_amazon_image(ec2: Any) -> str:
+    """An Amazon AMI id. moto's first default AMI is asked for by id first: listing all ~1300 of them
+    takes a second and a half (and returns that same one first)."""
+    with contextlib.suppress(ClientError):
+        images = ec2.describe_images(Owners=["amazon"], ImageIds=[MOTO_FIRST_AMAZON_AMI])["Images"]
+        if images:
+            return str(images[0]["ImageId"])
+    return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
 
 
 def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:

@@ -16,11 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from gpujobs_local.imds import FakeImds
+
+__all__ = ["FakeImds"]  # moved to gpujobs_local.imds; re-exported for the tests that import it here
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "training_image" / "examples" / "digits" / "train.py"
@@ -186,71 +189,3 @@ def assert_bit_identical(dump_a: Path, dump_b: Path) -> None:
             assert torch.equal(state_a[index][key], state_b[index][key]), f"optimizer {index}.{key} differs"
     assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
     assert a["scheduler"] == b["scheduler"]
-
-
-class FakeImds:
-    """IMDSv2 on 127.0.0.1: token PUT, spot instance-action and rebalance GETs (404 until set)."""
-
-    def __init__(self) -> None:
-        self.instance_action: dict[str, str] | None = None
-        self.rebalance: dict[str, str] | None = None
-        self.valid_tokens: set[str] = set()
-        self.requests: list[tuple[str, str]] = []
-        self._counter = 0
-        imds = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _reply(self, code: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_PUT(self) -> None:
-                imds.requests.append(("PUT", self.path))
-                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    self._reply(400)
-                    return
-                imds._counter += 1
-                token = f"token-{imds._counter}"
-                imds.valid_tokens.add(token)
-                self._reply(200, token)
-
-            def do_GET(self) -> None:
-                imds.requests.append(("GET", self.path))
-                if self.headers.get("X-aws-ec2-metadata-token") not in imds.valid_tokens:
-                    self._reply(401)
-                    return
-                body = {
-                    "/latest/meta-data/spot/instance-action": imds.instance_action,
-                    "/latest/meta-data/events/recommendations/rebalance": imds.rebalance,
-                }.get(self.path)
-                if body is None:
-                    self._reply(404)
-                else:
-                    self._reply(200, json.dumps(body))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> FakeImds:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def announce_termination(self) -> None:
-        self.instance_action = {"action": "terminate", "time": "2030-01-01T00:00:00Z"}
-
-    def recommend_rebalance(self) -> None:
-        self.rebalance = {"noticeTime": "2030-01-01T00:00:00Z"}
-
-    def expire_tokens(self) -> None:
-        self.valid_tokens.clear()

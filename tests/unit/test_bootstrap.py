@@ -378,6 +378,46 @@ def test_a_single_node_is_its_own_master() -> None:
     )
 
 
+def test_the_local_cloud_can_override_the_master_address_and_port(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+    """On one host the rank-0 private IP (moto's 10.x) is unreachable and every job asks for 29500."""
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    ec2 = boto3.client(
+        "ec2",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    instances = {i["AmiLaunchIndex"]: i for i in launch(ec2, count=2, job_id=job_id)}
+    doc = a_document(tmp_path, bus, job_id=job_id, nodes=2)
+    imds = FakeImds(
+        user_data=render_user_data(doc),
+        instance_id=instances[1]["InstanceId"],
+        launch_index=1,
+        local_ipv4=instances[1]["PrivateIpAddress"],
+    )
+    with imds:
+        code, output = run_bootstrap(
+            tmp_path, imds, moto_endpoint, "--no-shutdown", "--master-addr", "127.0.0.1", "--master-port", "31234"
+        )
+
+    assert code == 0, output
+    env = json.loads((tmp_path / "out.json").read_text())["env"]
+    assert (env["GPUJOBS_NODE_RANK"], env["GPUJOBS_NNODES"]) == ("1", "2")
+    assert (env["GPUJOBS_MASTER_ADDR"], env["GPUJOBS_MASTER_PORT"]) == ("127.0.0.1", "31234")
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "http"])
+def test_a_master_port_override_must_be_a_tcp_port(port: str) -> None:
+    with pytest.raises(SystemExit):
+        bootstrap._parse_args(["--master-port", port])
+
+
+def test_without_overrides_the_rendezvous_address_and_document_port_are_used() -> None:
+    args = bootstrap._parse_args([])
+    assert (args.master_addr, args.master_port) == ("", None)
+
+
 # --- a replacement waits for the interrupted attempt -------------------------------------------
 
 

@@ -241,6 +241,9 @@ class CheckpointManager:
                 error = exc
             future.set_result(self._complete(step, reason, position, started, error))
             return future
+        if self.env.device.type == "cuda":
+            # the staging stream must not read parameters that queued kernels still update
+            torch.cuda.current_stream(self.env.device).synchronize()
         payload = {"app": _snapshot_mutables(self.state.state_dict(), _optimizer_owned(self.state.optimizer))}
         response = dcp_async_save(
             payload, storage_writer=self._writer(folder), process_group=self._group, async_stager=self._stager

@@ -28,6 +28,8 @@ examples:
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
 or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
 exit codes: 0 ok, 1 invalid spec or job ended FAILED/REJECTED/CANCELLED, 2 usage or configuration, 3 job not found.
+
+the local cloud (a development install): gpujobs local demo | up | tour   (gpujobs local --help)
 """
 
 _COMMANDS = {
@@ -147,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["local"]:
+        return _local(args_list[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -168,6 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _fail(message, commands.EXIT_USAGE)
     return code
+
+
+def _local(argv: list[str]) -> int:
+    """`gpujobs local demo|up|tour`: the local cloud, from a development install (not the Lambda layer)."""
+    try:
+        from gpujobs_local.cli import main as local_main
+    except ImportError:
+        return _fail("`gpujobs local` needs a development install of this repository (make setup)", commands.EXIT_USAGE)
+    return local_main(argv)
 
 
 def _fail(message: str, code: int) -> int:

@@ -557,6 +557,13 @@ class _Stopper:
             raise StoppedError(signum)
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port")
+    return port
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="gpujobs-bootstrap", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -574,6 +581,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="longest wait for the interrupted attempt (the document's wait_for_attempt) to end",
     )
     parser.add_argument("--event-bus", default="", help="bus for the exit event if the document is unreadable")
+    parser.add_argument(
+        "--master-addr",
+        default="",
+        metavar="ADDR",
+        help="local cloud: use ADDR as the master instead of rank 0's private IP (which may be unreachable)",
+    )
+    parser.add_argument(
+        "--master-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="local cloud: use PORT instead of the document's master_port (several jobs share one host)",
+    )
     return parser.parse_args(argv)
 
 
@@ -604,6 +624,9 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
         timeout=args.rendezvous_timeout,
     )
     state["rank"] = rank
+    master = args.master_addr or master
+    if args.master_port is not None:
+        doc = {**doc, "master_port": args.master_port}
     runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
     runtime.prepare(doc, clients)
     if doc["wait_for_attempt"] is not None:

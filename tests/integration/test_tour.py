@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpujobs_local.demo import main
+from gpujobs_local.tour import main
 
 pytestmark = pytest.mark.integration
 

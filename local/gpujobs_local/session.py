@@ -1,0 +1,86 @@
+"""The local cloud with its instances alive: `LocalCloud` (AWS on loopback, the real handlers) plus
+an `InstanceRunner` that brings every instance the control plane launches to life with the real
+bootstrap and trainer as local processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.domain.job import Job
+from gpujobs_local.cloud import LocalCloud
+from gpujobs_local.instances import InstanceRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL_INSTANCE_TYPES = ("g5.12xlarge", "g6.12xlarge", "g5.xlarge", "g6.xlarge", "c7i.large")
+"""The local stack's allow-list: multi-GPU types, because the demo runs 2 processes per node."""
+
+
+@dataclass
+class LocalSession:
+    cloud: LocalCloud
+    runner: InstanceRunner
+
+    @property
+    def store(self) -> DynamoJobStore:
+        return DynamoJobStore(table_name=self.cloud.outputs["JobsTableName"], client=self.cloud.client("dynamodb"))
+
+    def job(self, job_id: str) -> Job:
+        return self.store.get(job_id)
+
+    def send(self, spec: dict[str, Any]) -> str:
+        sqs = self.cloud.client("sqs")
+        return str(sqs.send_message(QueueUrl=self.cloud.outputs["JobsQueueUrl"], MessageBody=_json(spec))["MessageId"])
+
+
+def _json(data: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(data)
+
+
+def attach_runner(
+    cloud: LocalCloud, *, workdir: Path, grace_seconds: float = 20.0, wait_timeout: float = 60.0
+) -> InstanceRunner:
+    """Bring every instance the control plane launches on `cloud` to life, on the cloud's own loop."""
+    assert cloud.stack is not None, "start the cloud first"
+    python_bin = str(Path(sys.executable).parent)
+    runner = InstanceRunner(
+        ec2=cloud.client("ec2"),
+        stack_name=cloud.stack.stack_name,
+        emit=cloud.put_event,
+        workdir=workdir,
+        # `python` in a job's command is the image's interpreter; here, this environment's.
+        env={**os.environ, **cloud.exports(), "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}"},
+        grace_seconds=grace_seconds,
+        bootstrap_args=["--wait-timeout", str(int(wait_timeout))],
+        cwd=ROOT,
+    )
+    cloud.add_tick(runner.poll)
+    cloud.add_shutdown(runner.stop_all)
+    return runner
+
+
+@contextmanager
+def local_session(
+    *,
+    workdir: Path,
+    reconcile_every: float = 5.0,
+    grace_seconds: float = 20.0,
+    wait_timeout: float = 60.0,
+) -> Iterator[LocalSession]:
+    """Start the local cloud and its instance runner; stop both, leaving nothing running."""
+    cloud = LocalCloud(workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=LOCAL_INSTANCE_TYPES)
+    cloud.start()
+    try:
+        runner = attach_runner(cloud, workdir=workdir, grace_seconds=grace_seconds, wait_timeout=wait_timeout)
+        yield LocalSession(cloud=cloud, runner=runner)
+    finally:
+        cloud.stop()

@@ -1,0 +1,42 @@
+"""The README's main command: a job survives a spot interruption on the local cloud, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpujobs_local.demo import main
+
+pytestmark = [pytest.mark.integration, pytest.mark.training, pytest.mark.slow]
+
+
+@pytest.fixture
+def restored_environ() -> Iterator[None]:
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
+    restored_environ: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--json", "--workdir", str(tmp_path)])
+
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert summary["final_state"] == "SUCCEEDED"
+    assert summary["accuracy"] >= 0.9
+    first, second = summary["attempts"]
+    assert first["end_reason"] == "interrupted"
+    assert (second["instance_type"], second["zone"]) != (first["instance_type"], first["zone"])
+    assert second["start_step"] == first["end_step"]  # resumed exactly where the preempted save was made
+    assert summary["steps_lost"] <= 1
+    assert first["end_step"] in summary["checkpoint_steps"]
+    leftovers = [p for p in tmp_path.rglob("bootstrap.log")]
+    assert len(leftovers) == 2  # two instances ran, nothing else was launched
