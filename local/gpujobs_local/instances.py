@@ -409,6 +409,18 @@ class InstanceRunner:
             found[inst.proc.pid] = inst.proc.pid  # the bootstrap leads its own group
         return found
 
+    def signal_container(self, instance_id: str, signum: int) -> bool:
+        """What `docker kill --signal` does on EC2: signal the workload's first process (the container's
+        PID 1, the trainer's launcher), which is the bootstrap's child here. False if it is not running."""
+        inst = self.instances.get(instance_id)
+        if inst is None or inst.proc is None or not inst.alive:
+            return False
+        children = [pid for pid in self._processes(inst) if _proc_state(pid)[1] == inst.proc.pid]
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        return bool(children)
+
     def _signal_bootstrap(self, inst: LocalInstance, signum: int) -> None:
         """SIGTERM to the bootstrap's group: the bootstrap forwards it to the workload, as on EC2."""
         if inst.proc is not None and inst.alive:

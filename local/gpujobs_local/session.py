@@ -17,6 +17,7 @@ from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job
 from gpujobs_local.cloud import LocalCloud
 from gpujobs_local.instances import InstanceRunner
+from gpujobs_local.ssm_agent import LocalSsmAgent
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_INSTANCE_TYPES = ("g5.12xlarge", "g6.12xlarge", "g5.xlarge", "g6.xlarge", "c7i.large")
@@ -65,6 +66,8 @@ def attach_runner(
     )
     cloud.add_tick(runner.poll)
     cloud.add_shutdown(runner.stop_all)
+    agent = LocalSsmAgent(ssm=cloud.client("ssm"), runner=runner, document_name=cloud.stack.checkpoint_document)
+    cloud.add_tick(agent.poll)
     return runner
 
 

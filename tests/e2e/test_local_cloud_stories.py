@@ -351,6 +351,9 @@ def test_a_two_node_gang_interrupted_on_one_node_resumes_as_a_gang(stage: Stage)
     assert replacement.pool != reclaimed.pool
     resumed = [line for i in replacement.instance_ids if (line := stage.trainer_line(i, "resumed"))]
     assert [line["step"] for line in resumed] == [preempted.step]  # printed once, by global rank 0
+    finals = [line for i in replacement.instance_ids if (line := stage.trainer_line(i, "final"))]
+    assert [(line["step"], line["resumed_from"]) for line in finals] == [(120, preempted.step)]
+    assert finals[0]["accuracy"] > 0.5
     stage.wait_nothing_running()
 
 
