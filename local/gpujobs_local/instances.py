@@ -136,6 +136,7 @@ class LocalInstance:
     ending: str = ""  # "terminated" or "stopped" once the control plane ended it
     kill_at: float | None = None  # monotonic deadline for SIGKILL after SIGTERM
     terminate_at: float | None = None  # monotonic time a spot interruption takes effect
+    terminate_on_finish: bool = False  # reclaimed by "EC2": stays shutting-down until its processes are gone
     pgids: set[int] = field(default_factory=set)  # every process group seen running for this instance
     pids: set[int] = field(default_factory=set)  # every process seen (orphans become ours to reap)
 
@@ -288,8 +289,10 @@ class InstanceRunner:
             if inst.alive:
                 self._track(inst, self._processes(inst))
             if inst.terminate_at is not None and now >= inst.terminate_at and not inst.ending:
+                # As on EC2, the instance is shutting-down while its workload gets SIGTERM and the grace;
+                # it reads terminated only once nothing of it runs (a replacement waits for that).
                 inst.terminate_at = None
-                self._terminate_in_ec2(inst)
+                inst.terminate_on_finish = True
                 self._end(inst, "terminated")
             if inst.kill_at is not None and now >= inst.kill_at:
                 inst.kill_at = None
@@ -392,6 +395,9 @@ class InstanceRunner:
         """The machine is off: nothing of it runs any more, and EC2 says so."""
         self._kill(inst, signal.SIGKILL)
         inst.kill_at = inst.terminate_at = None
+        if inst.terminate_on_finish:
+            inst.terminate_on_finish = False
+            self._terminate_in_ec2(inst)
         self._close(inst)
         self._state(inst, inst.ending or "terminated")
 
