@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -37,3 +38,12 @@ def stack(aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mo
         bootstrap.reset()
         yield built
         bootstrap.reset()
+
+
+@pytest.fixture
+def restored_environ() -> Iterator[None]:
+    """For code that configures its process through os.environ (the demos): give the others theirs back."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

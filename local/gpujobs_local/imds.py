@@ -31,6 +31,8 @@ class FakeImds:
         self.user_data = user_data
         self.valid_tokens: set[str] = set()
         self.requests: list[tuple[str, str]] = []
+        self.unauthorized_gets = 0
+        """GETs without a valid IMDSv2 token: a client that never does so is an IMDSv2 client."""
         self._counter = 0
         self._lock = threading.Lock()
         self._started = self._closed = False
@@ -81,6 +83,7 @@ class FakeImds:
             def do_GET(self) -> None:
                 imds.requests.append(("GET", self.path))
                 if self.headers.get("X-aws-ec2-metadata-token") not in imds.valid_tokens:
+                    imds.unauthorized_gets += 1
                     self._reply(401)
                     return
                 body = imds._body(self.path)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,14 +10,6 @@ import pytest
 from gpujobs_local.demo import main
 
 pytestmark = [pytest.mark.integration, pytest.mark.training, pytest.mark.slow]
-
-
-@pytest.fixture
-def restored_environ() -> Iterator[None]:
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 @pytest.mark.timeout(300)

@@ -1,10 +1,8 @@
-"""The README's main command tells a true story: this checks what its summary claims."""
+"""`gpujobs local tour` tells a true story: this checks what its summary claims."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,16 +11,7 @@ from gpujobs_local.tour import main
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def restored_environ() -> Iterator[None]:
-    """The demo configures its process through os.environ; give the other tests theirs back."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-def test_the_demo_launches_falls_back_deduplicates_rejects_and_cancels(
+def test_the_tour_launches_falls_back_deduplicates_rejects_and_cancels(
     aws_credentials: None, restored_environ: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["--json"]) == 0
