@@ -134,6 +134,17 @@ def a_fake_bin(tmp_path: Path) -> Path:
     return fake_bin
 
 
+def sigterm_once_it_prints(proc: subprocess.Popen[str], marker: str) -> str:
+    """Read the bootstrap's output until `marker`, SIGTERM it, and return the rest of what it printed."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if marker in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    return output
+
+
 def start_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str) -> subprocess.Popen[str]:
     env = {
         "PATH": str(a_fake_bin(tmp_path)),
@@ -260,12 +271,7 @@ def test_sigterm_while_waiting_for_peers_ends_the_bootstrap_at_once(
     doc = a_document(tmp_path, bus, nodes=2)  # the other node never comes
     with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
         proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "job job-7 attempt 3" in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
+        output = sigterm_once_it_prints(proc, "job job-7 attempt 3")
 
     assert proc.returncode == 128 + signal.SIGTERM, output
     [exited] = bus.exits()
@@ -565,12 +571,7 @@ def test_sigterm_while_waiting_for_the_interrupted_attempt_ends_the_bootstrap_at
     doc = a_document(tmp_path, bus, job_id=job_id, wait_for_attempt=2)
     with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
         proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "waiting up to 240s for attempt 2" in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
+        output = sigterm_once_it_prints(proc, "waiting up to 240s for attempt 2")
 
     assert proc.returncode == 128 + signal.SIGTERM, output
     assert not (tmp_path / "out.json").exists()

@@ -8,7 +8,6 @@ to the same deterministic job id, so it can never create a second job or a secon
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -101,7 +100,7 @@ class JobService:
             job = self.store.create(
                 Job.submitted(job_id=job_id, spec=spec, now=self.clock.now(), message_id=message_id)
             )
-            self._publish(None, job)
+            self.publish_changes(None, job)
         except JobExistsError:
             job, created = self.store.get(job_id), False
         if job.state is JobState.QUEUED or job.state is JobState.LAUNCHING:
@@ -118,7 +117,7 @@ class JobService:
             job = self.store.create(rejected)
         except JobExistsError:
             return SubmitOutcome(self.store.get(job_id), created=False)
-        self._publish(None, job)
+        self.publish_changes(None, job)
         return SubmitOutcome(job, created=True)
 
     # ---- launch ---------------------------------------------------------------------------
@@ -134,7 +133,7 @@ class JobService:
                 owned = self.store.save(claimed)
             except ConcurrentUpdateError:
                 continue
-            self._publish(job, owned)
+            self.publish_changes(job, owned)
             if owned.state is not JobState.LAUNCHING:  # held by the budget
                 return owned
             try:
@@ -300,7 +299,7 @@ class JobService:
             if current.state is not JobState.LAUNCHING:
                 self.compute.terminate([i.instance_id for i in launched])
             return current
-        self._publish(job, saved)
+        self.publish_changes(job, saved)
         if spec_wants_idle_alarms(saved):
             spec = saved.require_spec()
             self.alarms.create(
@@ -331,7 +330,7 @@ class JobService:
             saved = self.store.save(candidate)
         except ConcurrentUpdateError:
             return self.store.get(job.job_id)
-        self._publish(job, saved)
+        self.publish_changes(job, saved)
         return saved
 
     # ---- cancel ---------------------------------------------------------------------------
@@ -355,7 +354,7 @@ class JobService:
             except ConcurrentUpdateError:
                 continue
             self._terminate_all(saved)
-            self._publish(job, saved)
+            self.publish_changes(job, saved)
             return saved
         raise ConcurrentUpdateError(job_id, -1)
 
@@ -365,7 +364,7 @@ class JobService:
             self.compute.terminate(live)
 
     # ---- events ---------------------------------------------------------------------------
-    def _publish(self, before: Job | None, after: Job) -> None:
+    def publish_changes(self, before: Job | None, after: Job) -> None:
         """Publish every transition `after` has that `before` had not. Never fails the caller:
         the store is the source of truth and the event is a notification of it."""
         seen = len(before.history) if before else 0
@@ -461,7 +460,3 @@ def _capacity_failures_in_a_row(job: Job) -> int:
             break
         count += 1
     return count
-
-
-def describe(job: Job) -> str:
-    return json.dumps({"job_id": job.job_id, "state": job.state.value, "detail": job.status_detail})

@@ -77,7 +77,7 @@ class Reactions:
                 saved = self.jobs.store.save(after)
             except ConcurrentUpdateError:
                 continue
-            self.jobs._publish(before, saved)
+            self.jobs.publish_changes(before, saved)
             return before, saved
         raise ConcurrentUpdateError(job_id, -1)
 
@@ -89,7 +89,7 @@ class Reactions:
         """Checkpoint now, and launch the replacement at once in another pool."""
         job = self._job_of_instance(instance_id)
         if job is None:
-            return Reaction(f"ignored: {instance_id} is not a gpujobs instance")
+            return not_ours(instance_id)
         now = self.now
 
         def mark(job: Job) -> Job | None:
@@ -122,7 +122,7 @@ class Reactions:
         """A proactive checkpoint; no relaunch unless a warning follows."""
         job = self._job_of_instance(instance_id)
         if job is None:
-            return Reaction(f"ignored: {instance_id} is not a gpujobs instance")
+            return not_ours(instance_id)
         now = self.now
 
         def note(job: Job) -> Job | None:
@@ -240,7 +240,7 @@ class Reactions:
             return Reaction(f"ignored: state {state} changes nothing")
         job = self._job_of_instance(instance_id)
         if job is None:
-            return Reaction(f"ignored: {instance_id} is not a gpujobs instance")
+            return not_ours(instance_id)
         self.record_gone(job.job_id, [instance_id])
         return self.settle(job.job_id)  # even for a duplicate: a verdict may have become due since
 
@@ -374,7 +374,7 @@ class Reactions:
     def idle_alarm(self, instance_id: str) -> Reaction:
         job = self._job_of_instance(instance_id)
         if job is None:
-            return Reaction(f"ignored: {instance_id} is not a gpujobs instance")
+            return not_ours(instance_id)
         if running_attempt(job, instance_id) is None:
             self.jobs.alarms.delete(instance_ids=[instance_id])
             return Reaction("ignored: the alarm's attempt is over (alarm deleted)", job)
@@ -389,6 +389,11 @@ class Reactions:
             )
             return Reaction("recorded: idle action is ignore", job, {"IdleIgnored": 1})
         return self.request_stop(job.job_id, Reason.IDLE, detail=detail)
+
+
+def not_ours(instance_id: str) -> Reaction:
+    """EC2 and CloudWatch events cover the whole account: most instances are somebody else's."""
+    return Reaction(f"ignored: {instance_id} is not a gpujobs instance")
 
 
 def running_attempt(job: Job, instance_id: str) -> Attempt | None:
