@@ -255,7 +255,8 @@ class LocalCloud:
     # ---- driving it --------------------------------------------------------------------------
     def client(self, service: str) -> Any:
         """A boto3 client for the local endpoint (its own session: safe from any thread)."""
-        return boto3.session.Session(**self._session_kwargs()).client(
+        # Any service by name (the stubs type client() per literal name); credentials are plain strings.
+        return boto3.session.Session(**self._session_kwargs()).client(  # type: ignore[arg-type,call-overload]
             service, endpoint_url=self.endpoint_url, region_name=self.region
         )
 

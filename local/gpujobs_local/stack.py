@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from gpujobs_local import template
+
+if TYPE_CHECKING:
+    from botocore.compat import HTTPHeaders
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -59,7 +62,8 @@ class MotoStack:
         boto3.setup_default_session()
         # moto gap: CreatePlacementGroup is not implemented. Answer it here, as EC2 would.
         self.on_aws("before-call.ec2.CreatePlacementGroup", _placement_group_created)
-        self.ec2 = boto3.client("ec2", region_name=REGION)
+        # Any: what it describes is read back as plain dicts (the tour, the tests).
+        self.ec2: Any = boto3.client("ec2", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
         self.ddb = boto3.client("dynamodb", region_name=REGION)
         self.events = boto3.client("events", region_name=REGION)
@@ -135,9 +139,11 @@ class MotoStack:
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
+        assert boto3.DEFAULT_SESSION is not None  # set up by __post_init__
         boto3.DEFAULT_SESSION.events.register(event, hook)
 
     def off_aws(self, event: str, hook: Callable[..., Any]) -> None:
+        assert boto3.DEFAULT_SESSION is not None
         boto3.DEFAULT_SESSION.events.unregister(event, hook)
 
     # ---- the event source mapping --------------------------------------------------------
@@ -242,7 +248,9 @@ def _an_amazon_image(ec2: Any) -> str:
 
 
 def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-    return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
+    # The stubs want HTTPHeaders; AWSResponse wraps any mapping in a HeadersDict.
+    headers = cast("HTTPHeaders", {})
+    return AWSResponse("https://ec2.amazonaws.com/", 200, headers, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
 
 
 def load_function(name: str) -> ModuleType:

@@ -20,9 +20,12 @@ import json
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from types_boto3_ec2.type_defs import RequestLaunchTemplateDataTypeDef
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "template.yaml"
 
@@ -243,7 +246,7 @@ def launch_template_data(
     stack_name: str,
     logical_id: str = "InstanceLaunchTemplate",
     parameters: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> RequestLaunchTemplateDataTypeDef:
     """The launch template's ``LaunchTemplateData`` with intrinsics replaced by test values.
 
     ``ImageId`` becomes ``image_id`` (the template resolves an SSM parameter at launch, which moto
@@ -260,7 +263,7 @@ def launch_template_data(
     attributes = {"InstanceProfile.Arn": instance_profile_arn}
     data = copy.deepcopy(properties(logical_id)["LaunchTemplateData"])
     data["ImageId"] = image_id
-    resolved: dict[str, Any] = _resolve(data, refs, attributes)
+    resolved: RequestLaunchTemplateDataTypeDef = _resolve(data, refs, attributes)
     return resolved
 
 

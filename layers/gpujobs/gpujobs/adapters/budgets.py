@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpujobs.service.budgets import strictest
 from gpujobs.service.ports import BudgetMode, BudgetPolicy
+
+if TYPE_CHECKING:
+    from types_boto3_budgets import BudgetsClient
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_dynamodb.type_defs import AttributeValueTypeDef
+    from types_boto3_sts import STSClient
 
 SCOPES_PK = "BUDGETS"
 
@@ -16,7 +22,7 @@ def budget_pk(scope: str) -> str:
 
 
 class DynamoBudgetBook:
-    def __init__(self, *, table_name: str, client: Any) -> None:
+    def __init__(self, *, table_name: str, client: DynamoDBClient) -> None:
         self._table = table_name
         self._ddb = client
 
@@ -30,7 +36,7 @@ class DynamoBudgetBook:
         return strictest([self._get(team), self._get("all")], team)
 
     def set_policy(self, policy: BudgetPolicy) -> None:
-        item: dict[str, Any] = {
+        item: dict[str, AttributeValueTypeDef] = {
             "pk": {"S": budget_pk(policy.scope)},
             "sk": {"S": "BUDGET"},
             "scope": {"S": policy.scope},
@@ -60,7 +66,7 @@ class DynamoBudgetBook:
         return found
 
 
-def _policy(item: dict[str, Any]) -> BudgetPolicy:
+def _policy(item: dict[str, AttributeValueTypeDef]) -> BudgetPolicy:
     since = item.get("since", {}).get("S")
     return BudgetPolicy(
         scope=item["scope"]["S"],
@@ -74,7 +80,7 @@ def _policy(item: dict[str, Any]) -> BudgetPolicy:
 class BudgetsApiCheck:
     """Whether a held scope's AWS budget has room again (its limit was raised above actual spend)."""
 
-    def __init__(self, *, budgets_client: Any, sts_client: Any, stack_name: str) -> None:
+    def __init__(self, *, budgets_client: BudgetsClient, sts_client: STSClient, stack_name: str) -> None:
         self._budgets = budgets_client
         self._sts = sts_client
         self._stack = stack_name

@@ -10,7 +10,10 @@ before anything is stopped. Missing data is not breaching, so a silent agent nev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types_boto3_cloudwatch import CloudWatchClient
 
 ALARM_PREFIX = "gpujobs-idle-"
 PERIOD_SECONDS = 60
@@ -21,7 +24,7 @@ def alarm_name(stack: str, instance_id: str) -> str:
 
 
 class CloudWatchIdleAlarms:
-    def __init__(self, *, client: Any, stack_name: str) -> None:
+    def __init__(self, *, client: CloudWatchClient, stack_name: str) -> None:
         self._cw = client
         self._stack = stack_name
 

@@ -8,11 +8,17 @@ lost race surfaces as ConcurrentUpdateError instead of a silent overwrite. The j
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import ConcurrentUpdateError, JobExistsError, JobNotFoundError
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_dynamodb.type_defs import AttributeValueTypeDef, QueryInputTypeDef, TransactWriteItemTypeDef
+
+    Item = dict[str, AttributeValueTypeDef]
 
 JOB_SK = "JOB"
 
@@ -22,7 +28,7 @@ def job_pk(job_id: str) -> str:
 
 
 class DynamoJobStore:
-    def __init__(self, *, table_name: str, client: Any) -> None:
+    def __init__(self, *, table_name: str, client: DynamoDBClient) -> None:
         self._table = table_name
         self._ddb = client
 
@@ -41,7 +47,7 @@ class DynamoJobStore:
 
     def save(self, job: Job) -> Job:
         stored = job.model_copy(update={"version": job.version + 1})
-        writes: list[dict[str, Any]] = [
+        writes: list[TransactWriteItemTypeDef] = [
             {
                 "Put": {
                     "TableName": self._table,
@@ -93,7 +99,7 @@ class DynamoJobStore:
 
     def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]:
         jobs: list[Job] = []
-        kwargs: dict[str, Any] = {
+        kwargs: QueryInputTypeDef = {
             "TableName": self._table,
             "IndexName": "ByState",
             "KeyConditionExpression": "#s = :s",
@@ -102,7 +108,8 @@ class DynamoJobStore:
             "ScanIndexForward": False,
         }
         while len(jobs) < limit:
-            page = self._ddb.query(**kwargs, Limit=limit - len(jobs))
+            kwargs["Limit"] = limit - len(jobs)
+            page = self._ddb.query(**kwargs)
             jobs += [self._from_item(i) for i in page.get("Items", [])]
             if "LastEvaluatedKey" not in page:
                 break
@@ -111,7 +118,7 @@ class DynamoJobStore:
 
     # ---- items --------------------------------------------------------------------------
     @staticmethod
-    def _job_item(job: Job) -> dict[str, Any]:
+    def _job_item(job: Job) -> Item:
         return {
             "pk": {"S": job_pk(job.job_id)},
             "sk": {"S": JOB_SK},
@@ -125,7 +132,7 @@ class DynamoJobStore:
         }
 
     @staticmethod
-    def _instance_item(job_id: str, instance_id: str, attempt: int) -> dict[str, Any]:
+    def _instance_item(job_id: str, instance_id: str, attempt: int) -> Item:
         return {
             "pk": {"S": job_pk(job_id)},
             "sk": {"S": f"INSTANCE#{instance_id}"},
@@ -135,6 +142,6 @@ class DynamoJobStore:
         }
 
     @staticmethod
-    def _from_item(item: dict[str, Any]) -> Job:
+    def _from_item(item: Item) -> Job:
         job = Job.model_validate_json(item["doc"]["S"])
         return job.model_copy(update={"version": int(item["version"]["N"])})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import ClientError
 
@@ -25,6 +25,11 @@ from gpujobs.service.ports import (
     TaggedInstance,
 )
 
+if TYPE_CHECKING:
+    from types_boto3_ec2 import EC2Client
+    from types_boto3_ec2.literals import InstanceTypeType
+    from types_boto3_ec2.type_defs import FilterTypeDef, InstanceTypeDef, RunInstancesRequestTypeDef, TagTypeDef
+
 TAG_STACK = "gpujobs:stack"
 TAG_JOB = "gpujobs:job-id"
 TAG_ATTEMPT = "gpujobs:attempt"
@@ -36,7 +41,7 @@ class Ec2Compute:
     def __init__(
         self,
         *,
-        client: Any,
+        client: EC2Client,
         launch_template_id: str,
         security_group_id: str,
         subnet_ids: Sequence[str],
@@ -56,7 +61,7 @@ class Ec2Compute:
         zones = {s["SubnetId"]: s["AvailabilityZone"] for s in found}
         return tuple(Subnet(sid, zones[sid]) for sid in self._subnet_ids if sid in zones)
 
-    def tags(self, request: LaunchRequest) -> list[dict[str, str]]:
+    def tags(self, request: LaunchRequest) -> list[TagTypeDef]:
         return [
             {"Key": TAG_STACK, "Value": self._stack},
             {"Key": TAG_JOB, "Value": request.job_id},
@@ -67,13 +72,15 @@ class Ec2Compute:
 
     def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
         tags = self.tags(request)
-        params: dict[str, Any] = {
+        params: RunInstancesRequestTypeDef = {
             "LaunchTemplate": {"LaunchTemplateId": self._launch_template_id, "Version": "$Default"},
-            "InstanceType": request.instance_type,
+            # The stubs list today's instance types as a Literal; EC2 takes any name (new types arrive first).
+            "InstanceType": cast("InstanceTypeType", request.instance_type),
             "MinCount": request.count,
             "MaxCount": request.count,
             "ClientToken": request.client_token,
-            "UserData": request.user_data,
+            # The stubs say str, but botocore base64-encodes str or bytes (gzipped user data is bytes).
+            "UserData": cast("str", request.user_data),
             "NetworkInterfaces": [
                 {
                     "DeviceIndex": 0,
@@ -109,7 +116,7 @@ class Ec2Compute:
             raise LaunchRejectedError(code, message) from exc
         return [_launched(i) for i in response["Instances"]]
 
-    def _ensure_placement_group(self, name: str, tags: list[dict[str, str]]) -> None:
+    def _ensure_placement_group(self, name: str, tags: list[TagTypeDef]) -> None:
         try:
             self._ec2.create_placement_group(
                 GroupName=name,
@@ -121,7 +128,7 @@ class Ec2Compute:
                 raise
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
-        filters = [
+        filters: list[FilterTypeDef] = [
             {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
             {"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
             {"Name": "instance-state-name", "Values": LIVE_STATES},
@@ -142,7 +149,7 @@ class Ec2Compute:
             self._ec2.stop_instances(InstanceIds=list(instance_ids))
 
     def list_instances(self) -> list[TaggedInstance]:
-        filters = [
+        filters: list[FilterTypeDef] = [
             {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
             {"Name": "instance-state-name", "Values": LIVE_STATES},
         ]
@@ -165,7 +172,7 @@ class Ec2Compute:
         return found
 
 
-def _launched(instance: dict[str, Any]) -> LaunchedInstance:
+def _launched(instance: InstanceTypeDef) -> LaunchedInstance:
     return LaunchedInstance(
         instance_id=instance["InstanceId"],
         instance_type=instance["InstanceType"],

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpujobs.service.ports import StateChanged
+
+if TYPE_CHECKING:
+    from types_boto3_events import EventBridgeClient
+    from types_boto3_events.type_defs import PutEventsRequestEntryTypeDef
 
 SOURCE = "gpujobs"
 STATE_CHANGE = "GPU Job State Change"
@@ -29,12 +33,12 @@ def state_change_detail(event: StateChanged) -> dict[str, Any]:
 
 
 class EventBridgePublisher:
-    def __init__(self, *, client: Any, bus_name: str) -> None:
+    def __init__(self, *, client: EventBridgeClient, bus_name: str) -> None:
         self._events = client
         self._bus = bus_name
 
     def publish(self, events: Sequence[StateChanged]) -> None:
-        entries = [
+        entries: list[PutEventsRequestEntryTypeDef] = [
             {
                 "Source": SOURCE,
                 "DetailType": STATE_CHANGE,

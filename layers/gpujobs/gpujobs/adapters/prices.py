@@ -17,12 +17,17 @@ import logging
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpujobs.domain.job import Market
 from gpujobs.service.ports import Clock
+
+if TYPE_CHECKING:
+    from types_boto3_ec2 import EC2Client
+    from types_boto3_ec2.literals import InstanceTypeType
+    from types_boto3_ec2.type_defs import DescribeSpotPriceHistoryRequestTypeDef
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ class _UtcClock:
 
 
 class Ec2Prices:
-    def __init__(self, *, client: Any, clock: Clock | None = None) -> None:
+    def __init__(self, *, client: EC2Client, clock: Clock | None = None) -> None:
         self._ec2 = client
         self._clock: Clock = clock or _UtcClock()
         self._spot: dict[tuple[str, str | None], tuple[datetime, float | None]] = {}
@@ -61,13 +66,15 @@ class Ec2Prices:
         cached = self._spot.get(key)
         if cached is not None and now - cached[0] < SPOT_CACHE_TTL:
             return cached[1]
-        params: dict[str, Any] = {
-            "InstanceTypes": [instance_type],
+        params: DescribeSpotPriceHistoryRequestTypeDef = {
+            # The stubs list today's instance types as a Literal; EC2 takes any name (new types arrive first).
+            "InstanceTypes": [cast("InstanceTypeType", instance_type)],
             "ProductDescriptions": ["Linux/UNIX"],
             "StartTime": now,
         }
         if zone:
-            params.update(AvailabilityZone=zone, MaxResults=1)
+            params["AvailabilityZone"] = zone
+            params["MaxResults"] = 1
         try:
             history = self._ec2.describe_spot_price_history(**params)["SpotPriceHistory"]
         except (BotoCoreError, ClientError) as exc:  # not cached: the next call asks again

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
 
 
 class S3BlobStore:
-    def __init__(self, *, client: Any, bucket: str) -> None:
+    def __init__(self, *, client: S3Client, bucket: str) -> None:
         self._s3 = client
         self._bucket = bucket
 

@@ -8,11 +8,14 @@ on it: no shell text is ever built from a string here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types_boto3_ssm import SSMClient
 
 
 class SsmSignaller:
-    def __init__(self, *, client: Any, document_name: str) -> None:
+    def __init__(self, *, client: SSMClient, document_name: str) -> None:
         self._ssm = client
         self._document = document_name
 

@@ -528,7 +528,7 @@ def publish_exit(
 def _client(service: str, region: str) -> Any:
     import boto3  # imported late: the launch Lambda imports this module for its parser only
 
-    return boto3.client(service, region_name=region)
+    return boto3.client(service, region_name=region)  # type: ignore[call-overload]  # any service by name
 
 
 class StoppedError(Exception):

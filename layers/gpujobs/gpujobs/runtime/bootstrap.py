@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import boto3
 from botocore.config import Config
@@ -25,9 +25,21 @@ from gpujobs.runtime.settings import Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
 
 if TYPE_CHECKING:
+    from botocore.client import BaseClient
+    from types_boto3_budgets import BudgetsClient
+    from types_boto3_cloudwatch import CloudWatchClient
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_ec2 import EC2Client
+    from types_boto3_events import EventBridgeClient
+    from types_boto3_s3 import S3Client
+    from types_boto3_ssm import SSMClient
+    from types_boto3_sts import STSClient
+
     from gpujobs.service.budgeting import BudgetReactions
     from gpujobs.service.reactions import Reactions
     from gpujobs.service.reconcile import Reconciler
+
+    AwsService = Literal["budgets", "cloudwatch", "dynamodb", "ec2", "events", "s3", "ssm", "sts"]
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=20)
 
@@ -37,7 +49,24 @@ class SystemClock:
         return datetime.now(UTC)
 
 
-def client(service: str, settings: Settings) -> Any:
+# One overload per service the control plane calls, so that mypy checks each adapter gets its client.
+@overload
+def client(service: Literal["budgets"], settings: Settings) -> BudgetsClient: ...
+@overload
+def client(service: Literal["cloudwatch"], settings: Settings) -> CloudWatchClient: ...
+@overload
+def client(service: Literal["dynamodb"], settings: Settings) -> DynamoDBClient: ...
+@overload
+def client(service: Literal["ec2"], settings: Settings) -> EC2Client: ...
+@overload
+def client(service: Literal["events"], settings: Settings) -> EventBridgeClient: ...
+@overload
+def client(service: Literal["s3"], settings: Settings) -> S3Client: ...
+@overload
+def client(service: Literal["ssm"], settings: Settings) -> SSMClient: ...
+@overload
+def client(service: Literal["sts"], settings: Settings) -> STSClient: ...
+def client(service: AwsService, settings: Settings) -> BaseClient:
     return boto3.client(service, region_name=settings.region, config=_CONFIG)
 
 
