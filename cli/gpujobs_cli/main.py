@@ -196,12 +196,13 @@ def _plugin(name: str) -> Callable[[list[str]], int] | None:
     A command that is offered but cannot be imported (its package's dependencies are missing) counts
     as not installed.
     """
-    for point in entry_points(group=PLUGIN_GROUP, name=name):
-        try:
-            return cast(Callable[[list[str]], int], point.load())
-        except ImportError:
-            return None
-    return None
+    point = next(iter(entry_points(group=PLUGIN_GROUP, name=name)), None)
+    if point is None:
+        return None
+    try:
+        return cast(Callable[[list[str]], int], point.load())
+    except ImportError:
+        return None
 
 
 def _fail(message: str, code: int) -> int:
