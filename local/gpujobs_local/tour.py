@@ -41,7 +41,7 @@ class Story:
 
 def cli(*argv: str) -> tuple[int, str]:
     """Run the real gpujobs CLI in-process and capture what it prints."""
-    from gpujobs.cli.main import main as gpujobs_main
+    from gpujobs_cli.main import main as gpujobs_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

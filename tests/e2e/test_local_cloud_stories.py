@@ -19,10 +19,10 @@ from unittest import mock
 
 import pytest
 
-from gpujobs.cli.main import main as gpujobs_cli
 from gpujobs.domain import fate
 from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState, Reason
+from gpujobs_cli.main import main as gpujobs_cli
 from gpujobs_local.cloud import Delivery
 from gpujobs_local.instances import STATE_CHANGE
 from gpujobs_local.session import ROOT

@@ -19,11 +19,11 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.cli import commands
-from gpujobs.cli.main import main
 from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
+from gpujobs_cli import commands
+from gpujobs_cli.main import main
 from gpujobs_local.template import table_definition
 
 pytestmark = pytest.mark.integration

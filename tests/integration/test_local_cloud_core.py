@@ -199,7 +199,7 @@ def test_a_budget_alert_on_the_topic_holds_launches(cloud: LocalCloud) -> None:
 def test_the_gpujobs_cli_works_against_the_exports(
     cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpujobs.cli.main import main
+    from gpujobs_cli.main import main
 
     seen = recorded(cloud)
     for key, value in cloud.exports().items():

@@ -1,4 +1,8 @@
-"""The domain stays pure and the layers stay in order (import-linter contracts in pyproject.toml)."""
+"""The domain stays pure, the layers stay in order, and the packages import one way only.
+
+The import-linter contracts in pyproject.toml check imports statically; the tests below add what
+they cannot see: a name in a string, and what a fresh interpreter actually loads.
+"""
 
 from __future__ import annotations
 
@@ -26,4 +30,31 @@ def test_the_domain_imports_nothing_from_aws_in_a_fresh_interpreter() -> None:
         " ('boto3', 'botocore', 'aws_lambda_powertools')]; print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_layer_never_names_the_cli_or_the_local_cloud() -> None:
+    """`grep -r gpujobs_local layers/` is empty: no import, lazy or by string, from the layer outward."""
+    mentions = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in (ROOT / "layers").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+        for name in ("gpujobs_local", "gpujobs_cli")
+        if name in path.read_text(encoding="utf-8", errors="replace")
+    ]
+    assert mentions == []
+
+
+def test_the_cli_runs_without_loading_the_local_cloud() -> None:
+    """The CLI finds `gpujobs local` by entry point, so its own commands never import gpujobs_local."""
+    code = (
+        "import contextlib, io, sys; from gpujobs_cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): code = main(['--help'])\n"
+        "with contextlib.redirect_stdout(io.StringIO()): main(['validate', 'examples/digits.yaml'])\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'gpujobs_local']; print(bad)\n"
+        "sys.exit(1 if bad or code else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr

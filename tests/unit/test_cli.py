@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
 
-from gpujobs.cli import commands, render
-from gpujobs.cli.main import main
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
 from gpujobs.domain.spec import JobSpec, json_schema, load_spec
 from gpujobs.domain.states import JobState, Reason
+from gpujobs_cli import commands, render
+from gpujobs_cli import main as cli_main
+from gpujobs_cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -156,6 +158,38 @@ def test_every_command_has_help_with_examples(command: list[str], capsys: pytest
     assert out.startswith("usage: gpujobs")
     assert "examples:" in out
     assert "--stack" in out
+
+
+# ---- gpujobs local: a plugin from the local cloud's package ---------------------------------------
+def test_help_mentions_the_local_cloud(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+
+    assert "gpujobs local demo | up | tour" in capsys.readouterr().out
+
+
+def test_local_reaches_the_local_cloud_through_its_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["local", "--help"]) == 0
+
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gpujobs local {demo,up,tour}")
+    assert "tour" in out
+
+
+@pytest.mark.parametrize("how", ["no-entry-point", "unimportable"])
+def test_local_without_the_local_cloud_is_one_line_and_exit_2(
+    how: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    offered = {
+        "no-entry-point": (),
+        "unimportable": (EntryPoint("local", "gpujobs_local_missing.cli:main", cli_main.PLUGIN_GROUP),),
+    }[how]
+    monkeypatch.setattr(cli_main, "entry_points", lambda **_selection: offered)
+
+    assert main(["local", "demo"]) == 2
+
+    captured = capsys.readouterr()
+    assert captured.err == "gpujobs: `gpujobs local` needs a development install of this repository (make setup)\n"
+    assert captured.out == ""
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,10 @@ main() parses arguments, runs one command from commands.py and turns every expec
 stderr and an exit code, so a user never reads a traceback for something they can fix:
 0 ok, 1 invalid spec or a job that ended FAILED/REJECTED/CANCELLED while waiting, 2 usage or
 configuration (including AWS access), 3 job not found.
+
+Commands that live in other packages (`gpujobs local`, the local cloud of a development install)
+are plugins: entry points in the `gpujobs.cli` group, loaded by name only when typed. So this
+package imports none of them, and the local cloud may import the CLI without an import circle.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import cast
 
-from gpujobs.cli import commands
-from gpujobs.cli.resources import DEFAULT_STACK, ConfigError
+from gpujobs_cli import commands
+from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
 EPILOG = """\
 examples:
@@ -31,6 +37,11 @@ exit codes: 0 ok, 1 invalid spec or job ended FAILED/REJECTED/CANCELLED, 2 usage
 
 the local cloud (a development install): gpujobs local demo | up | tour   (gpujobs local --help)
 """
+
+PLUGIN_GROUP = "gpujobs.cli"
+"""Entry point group of commands from other packages: name -> `main(argv: list[str]) -> int`."""
+_PLUGIN_MISSING = {"local": "`gpujobs local` needs a development install of this repository (make setup)"}
+"""The one-line answer when a plugin this CLI advertises is not installed."""
 
 _COMMANDS = {
     "validate": (
@@ -150,8 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["local"]:
-        return _local(args_list[1:])
+    if args_list and args_list[0] not in _COMMANDS and not args_list[0].startswith("-"):
+        plugin = _plugin(args_list[0])
+        if plugin is not None:
+            return plugin(args_list[1:])
+        if args_list[0] in _PLUGIN_MISSING:
+            return _fail(_PLUGIN_MISSING[args_list[0]], commands.EXIT_USAGE)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -175,13 +190,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _local(argv: list[str]) -> int:
-    """`gpujobs local demo|up|tour`: the local cloud, from a development install (not the Lambda layer)."""
+def _plugin(name: str) -> Callable[[list[str]], int] | None:
+    """The command `name` offered by another installed package, or None.
+
+    A command that is offered but cannot be imported (its package's dependencies are missing) counts
+    as not installed.
+    """
+    point = next(iter(entry_points(group=PLUGIN_GROUP, name=name)), None)
+    if point is None:
+        return None
     try:
-        from gpujobs_local.cli import main as local_main
+        return cast(Callable[[list[str]], int], point.load())
     except ImportError:
-        return _fail("`gpujobs local` needs a development install of this repository (make setup)", commands.EXIT_USAGE)
-    return local_main(argv)
+        return None
 
 
 def _fail(message: str, code: int) -> int:

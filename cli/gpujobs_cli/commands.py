@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.cli import render
-from gpujobs.cli.resources import QUEUE, TABLE, Resources, discover
 from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, validate_spec
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore
+from gpujobs_cli import render
+from gpujobs_cli.resources import QUEUE, TABLE, Resources, discover
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 UNSUCCESSFUL_ENDS = frozenset({JobState.FAILED, JobState.REJECTED, JobState.CANCELLED})
