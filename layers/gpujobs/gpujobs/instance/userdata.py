@@ -10,8 +10,8 @@ IMDS as data.
 Why plain files in one gzip stream and not a zip: EC2 takes at most 16384 bytes of raw user data,
 and the MIME document is gzipped as a whole (cloud-init and the bootstrap both accept gzip). Text
 compresses best in that one stream; a zip compresses each module alone and its base64 does not
-compress again (the modules as a base64 zip came to 17 KB, over the limit). Docstrings and comments
-are for readers of this repository, so the shipped copy leaves them out, keeping line numbers.
+compress again (the modules as a base64 zip came to 17 KB, over the limit). Docstrings are for
+readers of this repository, so the shipped copy leaves them out, keeping line numbers.
 When even gzip does not fit, `render_user_data` raises `UserDataTooLargeError`: store the document
 in S3 and render a `RunDocumentPointer` instead.
 
@@ -23,9 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import gzip
-import io
 import json
-import tokenize
 from pathlib import Path
 
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -83,35 +81,31 @@ class UserDataError(ValueError):
     """User data that holds no readable run document."""
 
 
-def code_only(source: str) -> str:
-    """`source` without comments, and with every docstring (any statement that is only a string) as `""`.
+def without_docstrings(source: str) -> str:
+    """`source` with every docstring (any statement that is only a string) replaced by `""`.
 
     Lines are blanked, never removed, so a traceback on the instance points at the repository's line.
     """
     lines = source.splitlines(keepends=True)
-    cuts = [
-        (node.lineno, node.col_offset, node.end_lineno or node.lineno, node.end_col_offset or 0, '""')
+    docstrings = [
+        node
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
     ]
-    cuts += [
-        (*token.start, *token.end, "")
-        for token in tokenize.generate_tokens(io.StringIO(source).readline)
-        if token.type == tokenize.COMMENT
-    ]
-    for row, col, end_row, end_col, replacement in sorted(cuts, reverse=True):
-        line = lines[row - 1][:col] + replacement + lines[end_row - 1][end_col:]
-        lines[row - 1 : end_row] = [line.rstrip() + "\n", *["\n"] * (end_row - row)]
+    for node in sorted(docstrings, key=lambda node: (node.lineno, node.col_offset), reverse=True):
+        first, last = node.lineno, node.end_lineno or node.lineno
+        line = lines[first - 1][: node.col_offset] + '""' + lines[last - 1][node.end_col_offset :]
+        lines[first - 1 : last] = [line.rstrip() + "\n", *["\n"] * (last - first)]
     return "".join(lines)
 
 
 @functools.cache
 def bootstrap_modules() -> dict[str, str]:
-    """What the instance gets: path in the bundle -> the module's code (ASCII, no docstrings or comments)."""
+    """What the instance gets: path in the bundle -> the module's code (ASCII, without docstrings)."""
     modules = {"gpujobs/__init__.py": ""}  # the layer's own gpujobs/__init__.py is not the bootstrap's concern
     for path in sorted(_PACKAGE.glob("*.py")):
         if path.name not in NOT_BUNDLED:
-            modules[f"gpujobs/instance/{path.name}"] = code_only(path.read_text(encoding="ascii"))
+            modules[f"gpujobs/instance/{path.name}"] = without_docstrings(path.read_text(encoding="ascii"))
     return modules
 
 
@@ -122,7 +116,7 @@ def bootstrap_script() -> str:
     for name, code in bootstrap_modules().items():
         if {HEREDOC_DELIMITER, MODULE_DELIMITER} & set(code.splitlines()):
             raise AssertionError(f"{name} must not hold a heredoc delimiter on a line of its own")
-        files.append(f"""cat >"$BUNDLE/{name}" <<'{MODULE_DELIMITER}'\n{code}{MODULE_DELIMITER}\n""")
+        files.append(f"""cat >"$BUNDLE/{name}" <<'{MODULE_DELIMITER}'\n{code.rstrip()}\n{MODULE_DELIMITER}\n""")
     return _SHELL_PROLOGUE + "".join(files) + _SHELL_EPILOGUE
 
 
