@@ -247,6 +247,21 @@ def test_the_bundle_imports_only_the_stdlib_itself_and_boto3_once_a_client_is_ma
                     assert top == "__future__" or top in sys.stdlib_module_names, f"{name} imports {module}"
 
 
+def test_the_shipped_modules_keep_every_statement_on_its_line() -> None:
+    """Docstrings stay out of user data, yet a traceback on the instance names the repository's lines."""
+    layer = Path(gpujobs.__file__).parents[1]
+
+    for name, code in bootstrap_modules().items():
+        source = (layer / name).read_text(encoding="ascii") if name != "gpujobs/__init__.py" else ""
+        statements = [
+            [(node.lineno, type(node).__name__) for node in ast.walk(ast.parse(text)) if isinstance(node, ast.stmt)]
+            for text in (code, source)
+        ]
+
+        assert statements[0] == statements[1], name
+        assert len(code.splitlines()) == len(source.splitlines()), name
+
+
 def test_a_typical_document_leaves_room_for_what_the_bootstrap_is_still_to_learn() -> None:
     """A typical document renders to at most 12 KB of EC2's 16 KB of user data.
 
