@@ -27,7 +27,17 @@ from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
 from gpujobs.domain.rundoc import RunDocument
-from gpujobs.instance import bootstrap
+from gpujobs.instance import (
+    bootstrap,
+    cloudwatch_agent,
+    contract,
+    errors,
+    handover,
+    rendezvous,
+    report,
+    rundoc,
+    runtimes,
+)
 from gpujobs.instance.userdata import BOOTSTRAP_LOG, bootstrap_script, render_user_data
 from tests.unit.fake_imds import FakeImds
 
@@ -85,7 +95,7 @@ class Bus:
         arn = self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])
         self.events.create_event_bus(Name=self.name)
         self.events.put_rule(
-            Name="exits", EventBusName=self.name, EventPattern=json.dumps({"source": [bootstrap.EVENT_SOURCE]})
+            Name="exits", EventBusName=self.name, EventPattern=json.dumps({"source": [contract.EVENT_SOURCE]})
         )
         self.events.put_targets(
             Rule="exits", EventBusName=self.name, Targets=[{"Id": "q", "Arn": arn["Attributes"]["QueueArn"]}]
@@ -233,11 +243,11 @@ def test_a_broken_document_is_reported_as_a_bootstrap_failure(tmp_path: Path, bu
     with FakeImds(user_data=json.dumps(broken).encode(), instance_id=INSTANCE_ID) as imds:
         code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
 
-    assert code == bootstrap.EXIT_BOOTSTRAP_FAILED, output
+    assert code == contract.EXIT_BOOTSTRAP_FAILED, output
     [exited] = bus.exits()
     assert exited["reason"] == "bootstrap-failed"
     assert exited["job_id"] == "job-7"
-    assert exited["exit_code"] == bootstrap.EXIT_BOOTSTRAP_FAILED
+    assert exited["exit_code"] == contract.EXIT_BOOTSTRAP_FAILED
     assert "command" in exited["message"]
     assert not (tmp_path / "out.json").exists()
 
@@ -286,7 +296,7 @@ def test_publishing_failures_are_retried_and_never_raise() -> None:
         calls.append(1)
         raise ConnectionError("no route to EventBridge")
 
-    published = bootstrap.publish_exit(broken_client, bus="b", detail={}, tries=3, backoff=0.0)
+    published = report.publish_exit(broken_client, bus="b", detail={}, tries=3, backoff=0.0)
 
     assert published is False
     assert len(calls) == 3
@@ -305,7 +315,7 @@ def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def launch(ec2: Any, *, count: int, job_id: str = "job-7", attempt: int = 3) -> list[dict[str, Any]]:
-    tags = [{"Key": bootstrap.TAG_JOB_ID, "Value": job_id}, {"Key": bootstrap.TAG_ATTEMPT, "Value": str(attempt)}]
+    tags = [{"Key": contract.TAG_JOB_ID, "Value": job_id}, {"Key": contract.TAG_ATTEMPT, "Value": str(attempt)}]
     reservation = ec2.run_instances(
         ImageId="ami-12c6146b",
         MinCount=count,
@@ -323,7 +333,7 @@ def test_two_nodes_agree_on_rank_0s_private_ip_as_master(ec2: Any) -> None:
     by_index = {i["AmiLaunchIndex"]: i for i in instances}
 
     results = [
-        bootstrap.rendezvous(
+        rendezvous.rendezvous(
             ec2,
             job_id="job-7",
             attempt=3,
@@ -344,7 +354,7 @@ def test_ranks_stay_consistent_when_several_launches_made_the_nodes(ec2: Any) ->
     first, second = launch(ec2, count=1)[0], launch(ec2, count=1)[0]  # both have launch index 0
 
     ranks = {
-        i["InstanceId"]: bootstrap.rendezvous(
+        i["InstanceId"]: rendezvous.rendezvous(
             ec2,
             job_id="job-7",
             attempt=3,
@@ -364,8 +374,8 @@ def test_ranks_stay_consistent_when_several_launches_made_the_nodes(ec2: Any) ->
 def test_rendezvous_gives_up_when_a_node_never_appears(ec2: Any) -> None:
     [only] = launch(ec2, count=1)
 
-    with pytest.raises(bootstrap.BootstrapError, match="1 of 2"):
-        bootstrap.rendezvous(
+    with pytest.raises(errors.BootstrapError, match="1 of 2"):
+        rendezvous.rendezvous(
             ec2,
             job_id="job-7",
             attempt=3,
@@ -378,7 +388,7 @@ def test_rendezvous_gives_up_when_a_node_never_appears(ec2: Any) -> None:
 
 
 def test_a_single_node_is_its_own_master() -> None:
-    assert bootstrap.rendezvous(None, job_id="j", attempt=1, nodes=1, instance_id="i", own_ip="10.0.0.9") == (
+    assert rendezvous.rendezvous(None, job_id="j", attempt=1, nodes=1, instance_id="i", own_ip="10.0.0.9") == (
         0,
         "10.0.0.9",
     )
@@ -439,7 +449,7 @@ def test_a_replacement_waits_while_the_interrupted_attempt_runs_and_goes_once_it
     launch(ec2, count=1, attempt=3)  # the replacement itself does not count
 
     waiting, result = in_background(
-        lambda: bootstrap.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=30, poll=0.01)
+        lambda: handover.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=30, poll=0.01)
     )
     time.sleep(0.3)
     still_waiting = waiting.is_alive()
@@ -454,7 +464,7 @@ def test_a_replacement_starts_anyway_when_the_interrupted_attempt_outlives_the_t
     [old] = launch(ec2, count=1, attempt=2)
 
     started = time.monotonic()
-    ended = bootstrap.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=0.2, poll=0.05)
+    ended = handover.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=0.2, poll=0.05)
 
     assert 0.2 <= time.monotonic() - started < 5
     assert ended == f"attempt 2 still has instances {[old['InstanceId']]} after 0s; starting anyway"
@@ -487,11 +497,11 @@ def test_the_wait_ends_once_the_interrupted_attempt_committed_its_preemption_che
     put_checkpoint(s3, 60, attempt=2, reason="periodic")  # the old attempt may still save again
 
     def committed() -> int | None:
-        return bootstrap.last_commit_by(s3, uri="s3://ckpt/jobs/job-7/ckpt", attempt=2, after_step=40)
+        return handover.last_commit_by(s3, uri="s3://ckpt/jobs/job-7/ckpt", attempt=2, after_step=40)
 
     assert committed() is None
     waiting, result = in_background(
-        lambda: bootstrap.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=30, poll=0.01, committed=committed)
+        lambda: handover.wait_for_attempt(ec2, job_id="job-7", attempt=2, timeout=30, poll=0.01, committed=committed)
     )
     put_checkpoint(s3, 90, attempt=2, reason=None)  # a later save cut short does not count
     put_checkpoint(s3, 75, attempt=2, reason="preempted")
@@ -507,7 +517,7 @@ def test_only_a_newer_commit_by_the_interrupted_attempt_ends_the_wait(ec2: Any) 
 
     def newest(**changes: Any) -> int | None:
         asked: dict[str, Any] = {"uri": "s3://ckpt/jobs/job-7/ckpt", "attempt": 2, "after_step": None, **changes}
-        return bootstrap.last_commit_by(s3, **asked)
+        return handover.last_commit_by(s3, **asked)
 
     assert newest() == 40
     assert newest(after_step=40) is None  # already known to the control plane: not this attempt's last words
@@ -537,7 +547,7 @@ def test_a_replacement_waits_before_starting_its_workload_and_starts_after_the_t
         TagSpecifications=[
             {
                 "ResourceType": "instance",
-                "Tags": [{"Key": bootstrap.TAG_JOB_ID, "Value": job_id}, {"Key": bootstrap.TAG_ATTEMPT, "Value": "2"}],
+                "Tags": [{"Key": contract.TAG_JOB_ID, "Value": job_id}, {"Key": contract.TAG_ATTEMPT, "Value": "2"}],
             }
         ],
     )["Instances"][0]
@@ -564,7 +574,7 @@ def test_sigterm_while_waiting_for_the_interrupted_attempt_ends_the_bootstrap_at
         TagSpecifications=[
             {
                 "ResourceType": "instance",
-                "Tags": [{"Key": bootstrap.TAG_JOB_ID, "Value": job_id}, {"Key": bootstrap.TAG_ATTEMPT, "Value": "2"}],
+                "Tags": [{"Key": contract.TAG_JOB_ID, "Value": job_id}, {"Key": contract.TAG_ATTEMPT, "Value": "2"}],
             }
         ],
     )
@@ -590,9 +600,9 @@ def test_a_document_cannot_wait_for_its_own_or_a_later_attempt() -> None:
         "checkpoint_uri": "s3://b/k",
     }
 
-    assert bootstrap.check_document({**doc, "wait_for_attempt": 2})["wait_for_attempt"] == 2
-    with pytest.raises(bootstrap.BootstrapError, match="wait_for_attempt 3 is not an earlier attempt"):
-        bootstrap.check_document({**doc, "wait_for_attempt": 3})
+    assert rundoc.check_document({**doc, "wait_for_attempt": 2})["wait_for_attempt"] == 2
+    with pytest.raises(errors.BootstrapError, match="wait_for_attempt 3 is not an earlier attempt"):
+        rundoc.check_document({**doc, "wait_for_attempt": 3})
 
 
 # --- docker runtime (a fake docker CLI) --------------------------------------------------------
@@ -611,7 +621,7 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
     docker.write_text(f"#!{sys.executable}\n{FAKE_DOCKER}")
     docker.chmod(0o755)
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "calls.jsonl"))
-    doc = bootstrap.check_document(
+    doc = rundoc.check_document(
         {
             "job_id": "job/7",
             "attempt": 3,
@@ -631,7 +641,7 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
             assert kwargs == {"registryIds": ["123456789012"]}
             return {"authorizationData": [{"authorizationToken": token}]}
 
-    runtime = bootstrap.DockerRuntime(str(docker))
+    runtime = runtimes.DockerRuntime(str(docker))
     runtime.prepare(doc, lambda service: FakeEcr())
     runtime.start(doc, {"SECRET": "hunter2\nline", "GPUJOBS_JOB_ID": "job/7"})
     assert runtime.wait() == 0
@@ -672,7 +682,7 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
 
 
 def test_the_cloudwatch_agent_publishes_a_per_instance_gpu_series() -> None:
-    metrics = bootstrap.cloudwatch_agent_config()["metrics"]
+    metrics = cloudwatch_agent.cloudwatch_agent_config()["metrics"]
 
     assert metrics["namespace"] == "CWAgent"
     assert metrics["aggregation_dimensions"] == [["InstanceId"]]

@@ -7,18 +7,21 @@ import email
 import gzip
 import random
 import string
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import gpujobs
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
-from gpujobs.instance import bootstrap
+from gpujobs.instance import errors, rundoc
 from gpujobs.instance.userdata import (
     HEREDOC_DELIMITER,
     MAX_USER_DATA_BYTES,
     UserDataError,
     UserDataTooLargeError,
+    bootstrap_modules,
     bootstrap_script,
     parse_user_data,
     render_mime,
@@ -166,11 +169,11 @@ def test_the_bootstrap_validator_agrees_with_the_pydantic_model() -> None:
         for name, field in RunDocument.model_fields.items()
     }
     bootstrap_defaults = {
-        name: (None if default is bootstrap._REQUIRED else default) for name, (_, default) in bootstrap.FIELDS.items()
+        name: (None if default is rundoc._REQUIRED else default) for name, (_, default) in rundoc.FIELDS.items()
     }
 
     assert bootstrap_defaults == model_defaults
-    assert bootstrap.check_document(a_document().model_dump(mode="json")) == a_document().model_dump(mode="json")
+    assert rundoc.check_document(a_document().model_dump(mode="json")) == a_document().model_dump(mode="json")
 
 
 @pytest.mark.parametrize(
@@ -187,18 +190,85 @@ def test_the_bootstrap_validator_agrees_with_the_pydantic_model() -> None:
     ],
 )
 def test_the_bootstrap_rejects_malformed_documents(change: dict[str, Any], problem: str) -> None:
-    with pytest.raises(bootstrap.BootstrapError, match=problem):
-        bootstrap.check_document({**a_document().model_dump(mode="json"), **change})
+    with pytest.raises(errors.BootstrapError, match=problem):
+        rundoc.check_document({**a_document().model_dump(mode="json"), **change})
 
 
 def test_the_bootstrap_runs_on_a_bare_python_3_9() -> None:
-    source = Path(bootstrap.__file__).read_text(encoding="ascii")
-    tree = ast.parse(source, feature_version=(3, 9))
-    imported = {
-        alias.name.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
-    }
+    for name, code in bootstrap_modules().items():
+        tree = ast.parse(code, feature_version=(3, 9))
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+        }
 
-    assert imported - {"__future__", "boto3"} <= set(__import__("sys").stdlib_module_names)
+        assert imported - {"__future__", "boto3", "gpujobs"} <= set(sys.stdlib_module_names), name
+
+
+def modules_imported_by(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """`import a.b` imports a.b; `from a import b` imports a, and a.b too when b is a module of the layer."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    package = node.module or ""
+    layer = Path(gpujobs.__file__).parents[1]
+    submodules = [
+        f"{package}.{alias.name}"
+        for alias in node.names
+        if (layer / package.replace(".", "/") / f"{alias.name}.py").exists()
+    ]
+    return [package, *submodules]
+
+
+def test_the_bundle_imports_only_the_stdlib_itself_and_boto3_once_a_client_is_made() -> None:
+    """The instance has a bare Python with boto3, and the bundle: nothing else of gpujobs, no pydantic.
+
+    The import-linter contract keeps gpujobs.instance away from the rest of gpujobs; this also catches
+    an import of a module the bundle leaves out (userdata) or of any third-party package, which
+    import-linter cannot name in advance. boto3 is imported inside functions only, so the launch
+    Lambda can import `rundoc` to parse user data without it mattering where boto3 comes from.
+    """
+    modules = bootstrap_modules()
+    bundled = {name.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for name in modules}
+
+    for name, code in modules.items():
+        tree = ast.parse(code)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for module in modules_imported_by(node):
+                top = module.split(".")[0]
+                if top == "gpujobs":
+                    assert module in bundled, f"{name} imports {module}, which the bundle does not hold"
+                elif top == "boto3":
+                    assert node not in tree.body, f"{name} imports boto3 when it is imported"
+                else:
+                    assert top == "__future__" or top in sys.stdlib_module_names, f"{name} imports {module}"
+
+
+def test_the_shipped_modules_keep_every_statement_on_its_line() -> None:
+    """Docstrings stay out of user data, yet a traceback on the instance names the repository's lines."""
+    layer = Path(gpujobs.__file__).parents[1]
+
+    for name, code in bootstrap_modules().items():
+        source = (layer / name).read_text(encoding="ascii") if name != "gpujobs/__init__.py" else ""
+        statements = [
+            [(node.lineno, type(node).__name__) for node in ast.walk(ast.parse(text)) if isinstance(node, ast.stmt)]
+            for text in (code, source)
+        ]
+
+        assert statements[0] == statements[1], name
+        assert len(code.splitlines()) == len(source.splitlines()), name
+
+
+def test_a_typical_document_leaves_room_for_what_the_bootstrap_is_still_to_learn() -> None:
+    """A typical document renders to at most 12 KB of EC2's 16 KB of user data.
+
+    The bootstrap ships in every instance's user data and is about to grow (credentials, logs,
+    secrets, EFA devices); the rest of the 16 KB is the job's. A job whose document does not fit in
+    what is left is moved to S3 behind a pointer, which costs the launcher a write and the instance
+    a read. At 12 KB, a job keeps about 4 KB of compressed env and command. If this fails, make the
+    bootstrap smaller (or move what grew out of user data) before moving this limit.
+    """
+    assert len(render_user_data(a_document())) <= 12 * 1024

@@ -1,8 +1,9 @@
 """The run document: everything an instance needs to run one attempt of a job.
 
 It travels as JSON inside the instance's user data (or, when too large, in S3 with a pointer in
-user data) and is read by the fixed bootstrap program (`gpujobs/instance/bootstrap.py`). Command
-and env stay structured data end to end: no field is ever spliced into a shell command.
+user data) and is read by the fixed bootstrap program (`gpujobs.instance`, whose stdlib mirror of
+this model is `gpujobs/instance/rundoc.py`). Command and env stay structured data end to end: no
+field is ever spliced into a shell command.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""What runs on a training instance: the user data the launcher renders and the fixed bootstrap program.
+"""What runs on a training instance, and the user data that carries it there.
 
-`userdata` is imported by the launch Lambda; `bootstrap` runs on the instance (stdlib + boto3 only).
+Every module here but `userdata` is the bootstrap, which runs on the instance: `userdata` (imported by
+the launch Lambda) bundles them into the user data, so they import only the stdlib, each other and,
+late, boto3, and parse on Python 3.9. `bootstrap` is the program (`python -m gpujobs.instance.bootstrap`);
+`contract` holds its copy of the names it shares with the control plane. See docs/instance.md.
 """

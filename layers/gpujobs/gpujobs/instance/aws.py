@@ -1,0 +1,20 @@
+"""AWS clients for the bootstrap: boto3 is imported late, only once a client is needed.
+
+boto3 is the one dependency outside the stdlib (the shell part of the user data makes sure the
+instance's Python has it). Importing it late keeps every other module importable without it: the
+launch Lambda reads user data with `rundoc`, and tests import the modules one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Clients = Callable[[str], Any]
+"""AWS service name -> boto3 client, in the region the job runs in."""
+
+
+def client(service: str, region: str) -> Any:
+    import boto3
+
+    return boto3.client(service, region_name=region)

@@ -1,0 +1,45 @@
+"""The bootstrap's copy of the names it shares with the control plane and the trainer.
+
+The bootstrap is bundled into EC2 user data and runs on a bare Python 3.9 with the stdlib and boto3,
+so it cannot import the layer-wide contract. It keeps its own copy of each shared name here, in one
+place, and a test compares every copy with the layer's, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import re
+
+TAG_JOB_ID = "gpujobs:job-id"
+"""Instance tag the launcher sets: the job an instance runs."""
+TAG_ATTEMPT = "gpujobs:attempt"
+"""Instance tag the launcher sets: the attempt number, in decimal."""
+
+EVENT_SOURCE = "gpujobs.instance"
+"""Source of the exit event the bootstrap publishes."""
+EVENT_DETAIL_TYPE = "Job Exited"
+"""Detail-type of that exit event (the trainer publishes the same one from its own source)."""
+EXIT_BOOTSTRAP_FAILED = 127
+"""Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
+
+RENDEZVOUS_STATES = ("pending", "running")
+"""States of an instance that can still join its attempt's rendezvous."""
+ALIVE_STATES = ("pending", "running", "stopping", "shutting-down")
+"""States of an instance that may still run its workload: anything short of stopped or terminated."""
+
+
+def container_name(job_id: str, attempt: int) -> str:
+    """`gpujobs-<job>-a<attempt>`; characters docker does not allow in a name become `-`."""
+    return "gpujobs-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", job_id) + f"-a{attempt}"
+
+
+CHECKPOINT_STEP_DIR = re.compile(r"^step-(\d{8})/?$")
+"""A checkpoint folder the trainer writes under the job's checkpoint URI: `step-NNNNNNNN/`."""
+CHECKPOINT_COMMIT_FILE = "COMMIT.json"
+"""The trainer's commit marker in a step folder: written last, it records `attempt` and `reason`."""
+LAST_COMMIT_REASONS = ("preempted", "final")
+"""Commit reasons an attempt writes only as it ends (a `periodic` commit may be followed by more)."""
+
+
+def checkpoint_step_dir(step: int) -> str:
+    """The folder name of the checkpoint taken at `step`."""
+    return f"step-{step:08d}"

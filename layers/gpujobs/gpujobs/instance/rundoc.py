@@ -1,0 +1,107 @@
+"""The run document: read from user data (or the S3 object it points to) and validated with the stdlib.
+
+Everything job-specific reaches the instance as this JSON document, never as shell text. `FIELDS`
+mirrors `gpujobs.domain.rundoc.RunDocument` (a unit test keeps the two equal); the checks here are
+the pydantic model's, written for a bare Python. The launch Lambda parses user data with these same
+functions (`gpujobs.instance.userdata.parse_user_data`), so both sides read it alike.
+"""
+
+from __future__ import annotations
+
+import email
+import gzip
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gpujobs.instance.errors import BootstrapError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REQUIRED = object()
+FIELDS: dict[str, tuple[type, Any]] = {
+    "version": (int, 1),
+    "job_id": (str, _REQUIRED),
+    "attempt": (int, _REQUIRED),
+    "name": (str, _REQUIRED),
+    "image": (str, _REQUIRED),
+    "command": (list, _REQUIRED),
+    "env": (dict, {}),
+    "nodes": (int, 1),
+    "gpus_per_node": (int, 1),
+    "checkpoint_uri": (str, _REQUIRED),
+    "resume_from_step": (int, None),
+    "checkpoint_every_minutes": (int, 30),
+    "event_bus": (str, ""),
+    "region": (str, ""),
+    "master_port": (int, 29500),
+    "stop_timeout_seconds": (int, 120),
+    "wait_for_attempt": (int, None),
+}
+"""Field name -> (type, default); `_REQUIRED` marks a field without a default."""
+
+
+def extract_run_json(raw: bytes) -> dict[str, Any]:
+    """The JSON object in user data: gzip or not, a MIME multipart's one application/json part, or bare."""
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    text: Any = raw
+    if not raw.lstrip().startswith(b"{"):
+        parts = [p for p in email.message_from_bytes(raw).walk() if p.get_content_type() == "application/json"]
+        if len(parts) != 1:
+            raise BootstrapError(f"user data holds {len(parts)} application/json parts, expected 1")
+        text = parts[0].get_payload(decode=True)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BootstrapError(f"run document is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BootstrapError("run document is not a JSON object")
+    return data
+
+
+def is_pointer(data: dict[str, Any]) -> bool:
+    """Whether `data` is a RunDocumentPointer (the document itself was too large for user data)."""
+    return set(data) == {"run_document_uri"}
+
+
+def check_document(data: dict[str, Any]) -> dict[str, Any]:
+    """Validate field names and types (stdlib stand-in for the pydantic model) and fill defaults."""
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise BootstrapError(f"run document has unknown fields {unknown}")
+    doc: dict[str, Any] = {}
+    for name, (kind, default) in FIELDS.items():
+        value = data.get(name, default)
+        if value is _REQUIRED:
+            raise BootstrapError(f"run document lacks {name}")
+        if not (value is None and default is None) and (
+            not isinstance(value, kind) or (kind is int and isinstance(value, bool))
+        ):
+            raise BootstrapError(f"run document field {name} is not a {kind.__name__}")
+        doc[name] = value
+    if doc["version"] != 1:
+        raise BootstrapError(f"run document version {doc['version']} is not supported")
+    if not doc["command"] or not all(isinstance(a, str) for a in doc["command"]):
+        raise BootstrapError("command must be a non-empty list of strings")
+    for key, value in doc["env"].items():
+        if not _ENV_NAME.match(key) or key.startswith("DOCKER_") or not isinstance(value, str):
+            raise BootstrapError(f"env name {key!r} is not allowed or its value is not a string")
+    if not doc["image"] or doc["image"].startswith("-") or any(c.isspace() for c in doc["image"]):
+        raise BootstrapError(f"image {doc['image']!r} is not an image reference")
+    if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
+        raise BootstrapError(f"wait_for_attempt {doc['wait_for_attempt']} is not an earlier attempt")
+    return doc
+
+
+def load_document(raw: bytes, s3: Callable[[], Any], partial: dict[str, Any]) -> dict[str, Any]:
+    """The run document from user data, following an S3 pointer; `partial` keeps what was readable."""
+    data = extract_run_json(raw)
+    if is_pointer(data):
+        uri = str(data["run_document_uri"])
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not uri.startswith("s3://") or not key:
+            raise BootstrapError(f"run_document_uri {uri!r} is not s3://bucket/key")
+        data = extract_run_json(s3().get_object(Bucket=bucket, Key=key)["Body"].read())
+    partial["raw"] = data
+    return check_document(data)

@@ -1,0 +1,35 @@
+"""The workload's environment: what the container (or local process) is told about its job.
+
+The spec's `env`, then the GPUJOBS_* variables the trainer reads (docs/instance.md lists them),
+which win on a name clash. The runtimes add nothing of the job's: this is the one place that
+decides what the workload sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str) -> dict[str, str]:
+    """The spec's env plus the GPUJOBS_* contract (which wins on a name clash)."""
+    env = dict(doc["env"])
+    env.update(
+        {
+            "GPUJOBS_JOB_ID": doc["job_id"],
+            "GPUJOBS_ATTEMPT": str(doc["attempt"]),
+            "GPUJOBS_NNODES": str(doc["nodes"]),
+            "GPUJOBS_NODE_RANK": str(rank),
+            "GPUJOBS_NPROC_PER_NODE": str(doc["gpus_per_node"] or 1),
+            "GPUJOBS_MASTER_ADDR": master_addr,
+            "GPUJOBS_MASTER_PORT": str(doc["master_port"]),
+            "GPUJOBS_CHECKPOINT_URI": doc["checkpoint_uri"],
+            "GPUJOBS_CHECKPOINT_EVERY_MINUTES": str(doc["checkpoint_every_minutes"]),
+            "GPUJOBS_EVENT_BUS": doc["event_bus"],
+            "GPUJOBS_INSTANCE_ID": instance_id,
+            "AWS_REGION": region,
+            "AWS_DEFAULT_REGION": region,
+        }
+    )
+    if doc["resume_from_step"] is not None:
+        env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
+    return env
