@@ -11,8 +11,7 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpujobs.adapters.inbound import detail_of, envelope
-from gpujobs.domain.budget import AnomalyDetail
+from gpujobs.adapters.inbound import AnomalyDetail, detail_of, envelope
 from gpujobs.runtime.bootstrap import budget_reactions
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 
@@ -27,5 +26,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> None:
             reaction = budget_reactions().budget_notification(subject=sns.get("Subject"), message=sns["Message"])
             report(reaction, sns_message_id=sns.get("MessageId"))
         return
-    anomaly = detail_of(envelope(event), AnomalyDetail)
+    anomaly = detail_of(envelope(event), AnomalyDetail).cost_anomaly()
     report(budget_reactions().cost_anomaly(anomaly), event="Anomaly Detected")

@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.fate import PREEMPTED_EXIT_CODE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from tests.service.conftest import World, spec
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from tests.service.conftest import World, spec
 
 
