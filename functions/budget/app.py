@@ -12,8 +12,11 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import AnomalyDetail, detail_of, envelope
-from gpujobs.runtime.bootstrap import budget_reactions
+from gpujobs.runtime.bootstrap import budget_reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
+from gpujobs.runtime.settings import Need
+
+SETTINGS = require_settings(Need.SIGNAL)
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
