@@ -460,6 +460,26 @@ def test_budget_text_that_cannot_be_parsed_is_counted_never_a_breach(world: Worl
     assert world.budgets.held_scopes() == []
 
 
+def test_a_milder_alert_keeps_a_hold_within_its_month_and_replaces_it_after(world: World) -> None:
+    from gpujobs.service.budgeting import BudgetReactions
+
+    book = BudgetReactions(reactions=world.reactions, stack_name="gpujobs")
+    book.apply("vision", BudgetMode.HOLD, "ACTUAL $120 > $100")
+
+    book.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
+    assert world.budgets.policy_for("vision").mode is BudgetMode.HOLD
+    world.clock.advance(days=3)  # 2026-12-02: November's hold has lapsed
+    book.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $90 > $80")
+
+    assert world.budgets.policy_for("vision") == BudgetPolicy(
+        scope="vision",
+        mode=BudgetMode.SPOT_ONLY,
+        reason="FORECASTED $90 > $80",
+        period="2026-12",
+        since=world.clock.now(),
+    )
+
+
 def test_the_replacement_is_told_to_wait_for_the_reclaimed_attempt(world: World) -> None:
     import json
 
