@@ -26,6 +26,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 LAYER = str(ROOT / "layers" / "gpujobs")
 HANDLERS = sorted(p.parent.name for p in (ROOT / "functions").glob("*/app.py"))
+STACK_ENV = {
+    "JOBS_TABLE": "bench-jobs",
+    "EVENT_BUS_NAME": "bench-jobs",
+    "GPUJOBS_STACK_NAME": "bench",
+    "CHECKPOINT_BUCKET": "bench-checkpoints",
+    "LAUNCH_TEMPLATE_ID": "lt-0123456789abcdef0",
+    "SECURITY_GROUP_ID": "sg-0123456789abcdef0",
+    "SUBNET_IDS": "subnet-a,subnet-b",
+    "ALLOWED_INSTANCE_TYPES": "g5.xlarge",
+    "CHECKPOINT_DOCUMENT": "bench-checkpoint-now",
+}
+"""What the template gives every function: each handler checks its settings at import."""
 
 # Lambda puts the layer's python/ folder and the function's folder on sys.path; do the same, so the
 # layer is imported as Lambda imports it rather than through the development editable install.
@@ -42,6 +54,7 @@ print(time.perf_counter() - t)
 def fresh_import_seconds(statement: str, path: str, repeat: int, *, xray_sdk: bool = False) -> float:
     env = {
         **os.environ,
+        **STACK_ENV,
         "POWERTOOLS_TRACE_DISABLED": "false" if xray_sdk else "true",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
@@ -80,6 +93,8 @@ def warm_cost(repeat: int) -> dict[str, Any]:
     os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "GpuJobs")
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "gpujobs")
     os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    for key, value in STACK_ENV.items():
+        os.environ.setdefault(key, value)
     from gpujobs.adapters.memory import (
         FakeCompute,
         FixedClock,

@@ -11,10 +11,12 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpujobs.adapters.inbound import detail_of, envelope
-from gpujobs.domain.budget import AnomalyDetail
-from gpujobs.runtime.bootstrap import budget_reactions
+from gpujobs.adapters.inbound import AnomalyDetail, detail_of, envelope
+from gpujobs.runtime.bootstrap import budget_reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
+from gpujobs.runtime.settings import Need
+
+SETTINGS = require_settings(Need.SIGNAL)
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
@@ -27,5 +29,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> None:
             reaction = budget_reactions().budget_notification(subject=sns.get("Subject"), message=sns["Message"])
             report(reaction, sns_message_id=sns.get("MessageId"))
         return
-    anomaly = detail_of(envelope(event), AnomalyDetail)
+    anomaly = detail_of(envelope(event), AnomalyDetail).cost_anomaly()
     report(budget_reactions().cost_anomaly(anomaly), event="Anomaly Detected")

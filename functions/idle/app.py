@@ -12,9 +12,12 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import AlarmStateChange, detail_of, envelope
-from gpujobs.runtime.bootstrap import reactions
+from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
+from gpujobs.runtime.settings import Need
 from gpujobs.service.reactions import Reaction
+
+SETTINGS = require_settings(Need.SIGNAL)
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)

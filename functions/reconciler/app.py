@@ -7,8 +7,11 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpujobs.runtime.bootstrap import reconciler
+from gpujobs.runtime.bootstrap import reconciler, require_settings
 from gpujobs.runtime.observability import logger, metrics, tracer
+from gpujobs.runtime.settings import Need
+
+SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)

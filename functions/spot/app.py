@@ -13,8 +13,11 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import Rebalance, SpotWarning, detail_of, envelope
-from gpujobs.runtime.bootstrap import reactions
+from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
+from gpujobs.runtime.settings import Need
+
+SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
 
 WARNING = "EC2 Spot Instance Interruption Warning"
 

@@ -17,9 +17,12 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.domain.states import JobState
-from gpujobs.runtime.bootstrap import job_service
+from gpujobs.runtime.bootstrap import job_service, require_settings
 from gpujobs.runtime.observability import logger, metrics, tracer
+from gpujobs.runtime.settings import Need
 from gpujobs.service.ports import JobNotFoundError
+
+SETTINGS = require_settings(Need.ADMIT, Need.LAUNCH)
 
 processor = BatchProcessor(event_type=EventType.SQS)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
-from gpujobs.service.ports import BudgetMode
 from gpujobs_local.stack import STACK, LambdaContext, MotoStack, load_function
 
 pytestmark = pytest.mark.integration

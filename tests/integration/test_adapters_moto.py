@@ -27,8 +27,8 @@ from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms, alarm_name
 from gpujobs.adapters.ec2 import TAG_ATTEMPT, TAG_JOB, TAG_STACK, Ec2Compute
 from gpujobs.adapters.prices import Ec2Prices
 from gpujobs.adapters.ssm import SsmSignaller
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Market
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from gpujobs_local.template import parameter_default, properties, table_definition
 
 pytestmark = pytest.mark.integration

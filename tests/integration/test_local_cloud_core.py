@@ -178,7 +178,7 @@ def test_a_failing_handler_is_retried_then_dead_lettered(cloud: LocalCloud) -> N
 @pytest.mark.timeout(120)
 def test_a_budget_alert_on_the_topic_holds_launches(cloud: LocalCloud) -> None:
     from gpujobs.adapters.budgets import DynamoBudgetBook
-    from gpujobs.service.ports import BudgetMode
+    from gpujobs.domain.budget import BudgetMode
 
     seen = recorded(cloud)
     name = f"gpujobs-{cloud.stack_name}-all"

@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.fate import PREEMPTED_EXIT_CODE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from tests.service.conftest import World, spec
 
 
@@ -458,6 +458,26 @@ def test_budget_text_that_cannot_be_parsed_is_counted_never_a_breach(world: Worl
     assert reaction.ignored
     assert reaction.metrics == {"BudgetNotificationsUnparsed": 1}
     assert world.budgets.held_scopes() == []
+
+
+def test_a_milder_alert_keeps_a_hold_within_its_month_and_replaces_it_after(world: World) -> None:
+    from gpujobs.service.budgeting import BudgetReactions
+
+    book = BudgetReactions(reactions=world.reactions, stack_name="gpujobs")
+    book.apply("vision", BudgetMode.HOLD, "ACTUAL $120 > $100")
+
+    book.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
+    assert world.budgets.policy_for("vision").mode is BudgetMode.HOLD
+    world.clock.advance(days=3)  # 2026-12-02: November's hold has lapsed
+    book.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $90 > $80")
+
+    assert world.budgets.policy_for("vision") == BudgetPolicy(
+        scope="vision",
+        mode=BudgetMode.SPOT_ONLY,
+        reason="FORECASTED $90 > $80",
+        period="2026-12",
+        since=world.clock.now(),
+    )
 
 
 def test_the_replacement_is_told_to_wait_for_the_reclaimed_attempt(world: World) -> None:

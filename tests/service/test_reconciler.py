@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from tests.service.conftest import World, spec
 
 
@@ -106,6 +106,24 @@ def test_held_jobs_are_released_when_the_budget_period_rolls_over(world: World) 
 
     assert report.repairs["budget holds released"] == 1
     world.reconciler.run()
+    assert world.store.get(job.job_id).state is JobState.RUNNING
+
+
+def test_a_hold_with_a_malformed_period_is_reported_and_kept_while_the_rest_is_reconciled(world: World) -> None:
+    world.budgets.set_policy(BudgetPolicy(scope="vision", mode=BudgetMode.HOLD, reason="ACTUAL", period="Nov 2026"))
+    world.compute.refuse = {
+        ("g5.xlarge", z, "on-demand"): "InsufficientInstanceCapacity" for z in ("us-east-1a", "us-east-1b")
+    }
+    job = world.submit(spec(capacity="on-demand", instance_types=["g5.xlarge"], team="speech")).job
+    assert job.state is JobState.QUEUED
+    world.compute.refuse = {}
+
+    world.clock.advance(days=40)
+    report = world.reconciler.run()
+
+    assert report.repairs["errors"] == 1
+    assert report.repairs["budget holds released"] == 0
+    assert world.budgets.policy_for("vision").mode is BudgetMode.HOLD
     assert world.store.get(job.job_id).state is JobState.RUNNING
 
 

@@ -13,18 +13,10 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from gpujobs.domain.budget import (
-    AnomalyDetail,
-    BudgetAlert,
-    UnparsedAlert,
-    anomaly_is_significant,
-    anomaly_reason,
-    decide_budget_mode,
-    parse_budget_notification,
-    period_of,
-    period_rolled_over,
-    scope_of_budget,
-)
+from gpujobs.adapters.inbound import AnomalyDetail
+from gpujobs.domain.budget import period_of, period_rolled_over, scope_of_budget
+from gpujobs.domain.budget_alerts import BudgetAlert, UnparsedAlert, decide_budget_mode, parse_budget_notification
+from gpujobs.domain.cost_anomaly import anomaly_is_significant, anomaly_reason
 
 SUBJECT = "AWS Budgets: Test Budget has exceeded your alert threshold"
 # The SNS Message of the real notification in aws-contracts.md §1.6, verbatim.
@@ -422,7 +414,7 @@ def test_an_anomaly_with_only_id_and_impact_and_unknown_fields_is_read() -> None
 
     assert detail.impact.total_impact == 12.5
     assert detail.root_causes == []
-    assert anomaly_reason(detail) == "cost anomaly a-1: $12.50 above expected"
+    assert anomaly_reason(detail.cost_anomaly()) == "cost anomaly a-1: $12.50 above expected"
 
 
 def test_an_anomaly_without_a_total_impact_is_rejected() -> None:
@@ -442,11 +434,14 @@ def test_an_anomaly_without_a_total_impact_is_rejected() -> None:
 def test_an_anomaly_is_significant_from_its_total_impact(
     total_impact: float, minimum: float, significant: bool
 ) -> None:
-    assert anomaly_is_significant(anomaly(totalImpact=total_impact), min_total_impact_usd=minimum) is significant
+    assert (
+        anomaly_is_significant(anomaly(totalImpact=total_impact).cost_anomaly(), min_total_impact_usd=minimum)
+        is significant
+    )
 
 
 def test_an_anomaly_reason_says_how_much_and_where() -> None:
-    assert anomaly_reason(anomaly()) == (
+    assert anomaly_reason(anomaly().cost_anomaly()) == (
         "cost anomaly 12345678-abcd-ef12-3456-987654321a12: $1,001.00 above expected (+333.7%); "
         "Amazon Elastic Compute Cloud - Compute / SpotUsage:g5.12xlarge / us-east-1; monitor gpujobs-prod"
     )

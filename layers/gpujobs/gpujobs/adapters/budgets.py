@@ -5,8 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from gpujobs.service.budgets import strictest
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
 
 if TYPE_CHECKING:
     from types_boto3_budgets import BudgetsClient

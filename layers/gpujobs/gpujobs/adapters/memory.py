@@ -12,12 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
-from gpujobs.service.budgets import strictest
 from gpujobs.service.ports import (
-    BudgetMode,
-    BudgetPolicy,
     CapacityError,
     ConcurrentUpdateError,
     JobExistsError,

@@ -1,8 +1,10 @@
 """The one place that wires real AWS clients into the services.
 
-Handlers call `job_service()`, `reactions()`, ... once per container; clients are created lazily,
-and each factory imports only what its use case needs, so the submit function never loads the
-reconciler or the budget parser and importing a handler (the cold start) costs only its own imports.
+Each handler checks its settings at import (`require_settings`), so a function deployed without
+one fails its cold start instead of a job. Handlers then call `job_service()`, `reactions()`, ...
+once per container; clients are created lazily, and each factory imports only what its use case
+needs, so the submit function never loads the reconciler or the budget parser and importing a
+handler (the cold start) costs only its own imports.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
 from gpujobs.adapters.s3 import S3BlobStore
-from gpujobs.runtime.settings import Settings
+from gpujobs.runtime.settings import Need, Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
 
 if TYPE_CHECKING:
@@ -104,6 +106,15 @@ def build_job_service(settings: Settings) -> JobService:
 @functools.cache
 def settings() -> Settings:
     return Settings.from_env(os.environ)
+
+
+def require_settings(*needs: Need) -> Settings:
+    """The settings, checked for what this function `needs`: SettingsError names every variable missing.
+
+    Called at module level by each handler, so the error surfaces at import, in the cold start.
+    """
+    Settings.from_env(os.environ, needs=needs)
+    return settings()
 
 
 @functools.cache

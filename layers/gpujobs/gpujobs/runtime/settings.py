@@ -1,14 +1,36 @@
-"""Deployment settings, read once from the environment the template gives each function."""
+"""Deployment settings, read once from the environment the template gives each function.
+
+Every function needs the jobs table, the event bus and the stack's name. The rest depends on what
+the function does (`Need`): each handler declares its needs at import, so a function deployed
+without one fails its cold start with an error naming every missing variable, instead of failing a
+job later. An absent and an empty variable are the same here: both are a deployment mistake.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 
 class SettingsError(Exception):
     pass
+
+
+EVERY_FUNCTION = ("JOBS_TABLE", "EVENT_BUS_NAME", "GPUJOBS_STACK_NAME")
+"""Every function reads or writes jobs, publishes what changed, and knows which stack it belongs to."""
+
+
+class Need(Enum):
+    """What a function does beyond reading and writing jobs, and the variables that takes."""
+
+    ADMIT = ("ALLOWED_INSTANCE_TYPES",)
+    """Admits job specs: without the allow-list any instance type would be accepted."""
+    LAUNCH = ("LAUNCH_TEMPLATE_ID", "SECURITY_GROUP_ID", "SUBNET_IDS", "CHECKPOINT_BUCKET")
+    """Launches instances: the template, network and the bucket the run document and checkpoints go to."""
+    SIGNAL = ("CHECKPOINT_DOCUMENT",)
+    """Asks training containers to checkpoint now, through the stack's SSM document."""
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -19,32 +41,34 @@ def _split(value: str) -> tuple[str, ...]:
 class Settings:
     table_name: str
     event_bus_name: str
-    checkpoint_bucket: str
+    stack_name: str
+    checkpoint_bucket: str = ""
     queue_url: str = ""
     launch_template_id: str = ""
     security_group_id: str = ""
     subnet_ids: tuple[str, ...] = ()
     allowed_instance_types: tuple[str, ...] = ()
     region: str = "us-east-1"
-    stack_name: str = "gpujobs"
     checkpoint_document: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
+        """The settings in `env`; SettingsError naming every missing variable that `needs` require."""
         env = os.environ if env is None else env
-        missing = [k for k in ("JOBS_TABLE", "EVENT_BUS_NAME", "CHECKPOINT_BUCKET") if not env.get(k)]
+        required = dict.fromkeys([*EVERY_FUNCTION, *(name for need in needs for name in need.value)])
+        missing = [name for name in required if not env.get(name, "").strip()]
         if missing:
             raise SettingsError(f"missing environment variables: {', '.join(missing)}")
         return cls(
             table_name=env["JOBS_TABLE"],
             event_bus_name=env["EVENT_BUS_NAME"],
-            checkpoint_bucket=env["CHECKPOINT_BUCKET"],
+            stack_name=env["GPUJOBS_STACK_NAME"],
+            checkpoint_bucket=env.get("CHECKPOINT_BUCKET", ""),
             queue_url=env.get("JOBS_QUEUE_URL", ""),
             launch_template_id=env.get("LAUNCH_TEMPLATE_ID", ""),
             security_group_id=env.get("SECURITY_GROUP_ID", ""),
             subnet_ids=_split(env.get("SUBNET_IDS", "")),
             allowed_instance_types=_split(env.get("ALLOWED_INSTANCE_TYPES", "")),
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
-            stack_name=env.get("GPUJOBS_STACK_NAME", "gpujobs"),
             checkpoint_document=env.get("CHECKPOINT_DOCUMENT", ""),
         )

@@ -12,17 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpujobs.domain.budget import (
-    AnomalyDetail,
-    UnparsedAlert,
-    anomaly_is_significant,
-    anomaly_reason,
-    decide_budget_mode,
-    parse_budget_notification,
+    ALL_SCOPE,
+    BudgetMode,
+    BudgetPolicy,
     period_of,
+    period_rolled_over,
     scope_of_budget,
 )
+from gpujobs.domain.budget_alerts import UnparsedAlert, decide_budget_mode, parse_budget_notification
+from gpujobs.domain.cost_anomaly import CostAnomaly, anomaly_is_significant, anomaly_reason
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from gpujobs.service.reactions import Reaction, Reactions
 
 NOTICE_FOR_MODE = {BudgetMode.SPOT_ONLY: "GPU Budget Warning", BudgetMode.HOLD: "GPU Budget Hold"}
@@ -45,19 +44,23 @@ class BudgetReactions:
         if scope is None:
             return Reaction(f"ignored: budget {alert.budget_name!r} is not one of this stack's")
         mode, reason = decide_budget_mode(alert)
-        return self.apply(scope, BudgetMode(mode), reason)
+        return self.apply(scope, mode, reason)
 
-    def cost_anomaly(self, detail: AnomalyDetail) -> Reaction:
-        if not anomaly_is_significant(detail):
-            return Reaction(f"ignored: anomaly below the threshold ({anomaly_reason(detail)})")
-        return self.apply("all", BudgetMode.SPOT_ONLY, anomaly_reason(detail))
+    def cost_anomaly(self, anomaly: CostAnomaly) -> Reaction:
+        if not anomaly_is_significant(anomaly):
+            return Reaction(f"ignored: anomaly below the threshold ({anomaly_reason(anomaly)})")
+        return self.apply(ALL_SCOPE, BudgetMode.SPOT_ONLY, anomaly_reason(anomaly))
 
     def apply(self, scope: str, mode: BudgetMode, reason: str) -> Reaction:
         jobs = self.reactions.jobs
         now = jobs.clock.now()
         period = period_of(now.date())
         existing = next((p for p in jobs.budgets.held_scopes() if p.scope == scope), None)
-        if existing is not None and existing.period == period and existing.mode is BudgetMode.HOLD:
+        if (
+            existing is not None
+            and existing.mode is BudgetMode.HOLD
+            and not period_rolled_over(existing.period, now.date())
+        ):
             mode = BudgetMode.HOLD  # never relax a hold within its period on a later, milder alert
         jobs.budgets.set_policy(BudgetPolicy(scope=scope, mode=mode, reason=reason, period=period, since=now))
         jobs.publisher.publish_notice(
@@ -66,7 +69,7 @@ class BudgetReactions:
         stopping = 0
         if mode is BudgetMode.HOLD:
             for job in jobs.store.list_by_state(JobState.RUNNING, limit=5000):
-                if scope in ("all", job.team):
+                if scope in (ALL_SCOPE, job.team):
                     asked = self.reactions.request_stop(job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {reason}")
                     stopping += 0 if asked.ignored else 1
         metric = "BudgetHolds" if mode is BudgetMode.HOLD else "BudgetWarnings"

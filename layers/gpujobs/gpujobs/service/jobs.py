@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
 from gpujobs.domain.ladder import Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -23,8 +24,6 @@ from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.ports import (
     BlobStore,
     BudgetBook,
-    BudgetMode,
-    BudgetPolicy,
     CapacityError,
     Clock,
     Compute,

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Protocol
 
+from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
 
@@ -147,25 +147,6 @@ class IdleAlarms(Protocol):
         """One GPU-idle alarm per instance (CWAgent nvidia_smi_utilization_gpu by InstanceId)."""
 
     def delete(self, *, instance_ids: Sequence[str]) -> None: ...
-
-
-class BudgetMode(StrEnum):
-    NORMAL = "normal"
-    SPOT_ONLY = "spot-only"
-    """A forecasted breach: launches may use spot only."""
-    HOLD = "hold"
-    """An actual breach: no launches; running jobs of the scope are checkpointed and stopped."""
-
-
-@dataclass(frozen=True)
-class BudgetPolicy:
-    scope: str
-    """A team name, or "all"."""
-    mode: BudgetMode
-    reason: str = ""
-    period: str = ""
-    """The budget period the mode applies to (e.g. 2026-11); it lapses when the period rolls over."""
-    since: datetime | None = None
 
 
 class BudgetBook(Protocol):

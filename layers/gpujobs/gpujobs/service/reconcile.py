@@ -15,9 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
-from gpujobs.domain.job import Job, Market
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, period_rolled_over
+from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, runtime_of
+from gpujobs.domain.job import Job
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy, Prices, TaggedInstance
+from gpujobs.service.ports import Prices, TaggedInstance
 from gpujobs.service.reactions import Reactions
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,7 @@ class Reconciler:
             report.count("runtime caps")
             return
         if spec.max_cost_usd is not None:
-            cost = cost_of(job, now, self.prices)
+            cost = cost_of(job, now, self._hourly_prices(job))
             if cost >= spec.max_cost_usd:
                 self.reactions.request_stop(
                     job.job_id,
@@ -141,6 +143,12 @@ class Reconciler:
                     detail=f"spent about ${cost:.2f} of max_cost_usd ${spec.max_cost_usd:.2f}",
                 )
                 report.count("cost caps")
+
+    def _hourly_prices(self, job: Job) -> dict[BilledPool, float | None]:
+        return {
+            pool: self.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
+            for pool in billed_pools(job)
+        }
 
     # ---- stack-wide -------------------------------------------------------------------------------
     def _terminate_orphans(
@@ -162,30 +170,12 @@ class Reconciler:
     def _release_budget_holds(self, today: date, report: ReconcileReport) -> None:
         budgets = self.reactions.jobs.budgets
         for policy in budgets.held_scopes():
-            rolled = bool(policy.period) and policy.period != today.strftime("%Y-%m")
+            try:
+                rolled = period_rolled_over(policy.period, today)
+            except ValueError:
+                log.exception("budget policy of scope %s has a malformed period", policy.scope)
+                report.count("errors")
+                rolled = False
             if rolled or self.budget_has_room(policy):
                 budgets.set_policy(BudgetPolicy(scope=policy.scope, mode=BudgetMode.NORMAL, period=policy.period))
                 report.count("budget holds released")
-
-
-def runtime_of(job: Job, now: datetime) -> timedelta:
-    """Time the job has held instances, over all its attempts."""
-    total = timedelta()
-    for attempt in job.attempts:
-        if attempt.instance_ids:
-            total += (attempt.ended_at or now) - attempt.started_at
-    return total
-
-
-def cost_of(job: Job, now: datetime, prices: Prices) -> float:
-    """Instance-hours times price per attempt; an unknown price counts as on-demand's, or zero."""
-    total = 0.0
-    for attempt in job.attempts:
-        if not attempt.instance_ids or attempt.instance_type is None:
-            continue
-        hours = ((attempt.ended_at or now) - attempt.started_at).total_seconds() / 3600
-        price = prices.hourly_usd(
-            instance_type=attempt.instance_type, market=attempt.market or Market.ON_DEMAND, zone=attempt.zone
-        )
-        total += hours * len(attempt.instance_ids) * (price or 0.0)
-    return total

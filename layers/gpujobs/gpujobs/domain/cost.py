@@ -1,0 +1,58 @@
+"""What a job has used so far: the runtime and cost its caps are checked against.
+
+Pure arithmetic over the job's attempts. Prices come in as an argument, one hourly price per pool
+the job was billed in (`billed_pools`), so the caller decides where prices come from and looks
+each pool up once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpujobs.domain.job import Attempt, Job, Market
+
+
+@dataclass(frozen=True)
+class BilledPool:
+    """Where an attempt's instances ran, as far as a price depends on it."""
+
+    instance_type: str
+    market: Market
+    zone: str | None
+
+
+def runtime_of(job: Job, now: datetime) -> timedelta:
+    """Time the job has held instances, over all its attempts."""
+    total = timedelta()
+    for attempt in job.attempts:
+        if attempt.instance_ids:
+            total += (attempt.ended_at or now) - attempt.started_at
+    return total
+
+
+def billed_pools(job: Job) -> set[BilledPool]:
+    """The pools the job's attempts held instances in: the prices `cost_of` needs."""
+    return {pool for attempt in job.attempts if (pool := _pool_of(attempt)) is not None}
+
+
+def cost_of(job: Job, now: datetime, hourly_usd: Mapping[BilledPool, float | None]) -> float:
+    """Instance-hours times the hourly price of each attempt's pool; an unknown price counts as zero.
+
+    An attempt without a recorded market was launched on demand.
+    """
+    total = 0.0
+    for attempt in job.attempts:
+        pool = _pool_of(attempt)
+        if pool is None:
+            continue
+        hours = ((attempt.ended_at or now) - attempt.started_at).total_seconds() / 3600
+        total += hours * len(attempt.instance_ids) * (hourly_usd.get(pool) or 0.0)
+    return total
+
+
+def _pool_of(attempt: Attempt) -> BilledPool | None:
+    if not attempt.instance_ids or attempt.instance_type is None:
+        return None
+    return BilledPool(instance_type=attempt.instance_type, market=attempt.market or Market.ON_DEMAND, zone=attempt.zone)
