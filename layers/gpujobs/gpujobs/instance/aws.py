@@ -17,4 +17,4 @@ Clients = Callable[[str], Any]
 def client(service: str, region: str) -> Any:
     import boto3
 
-    return boto3.client(service, region_name=region)
+    return boto3.client(service, region_name=region)  # type: ignore[call-overload]  # the name is a plain str here
