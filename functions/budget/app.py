@@ -12,6 +12,7 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import AnomalyDetail, detail_of, envelope
+from gpujobs.contract import ANOMALY_DETECTED
 from gpujobs.runtime.bootstrap import budget_reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
@@ -30,4 +31,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> None:
             report(reaction, sns_message_id=sns.get("MessageId"))
         return
     anomaly = detail_of(envelope(event), AnomalyDetail).cost_anomaly()
-    report(budget_reactions().cost_anomaly(anomaly), event="Anomaly Detected")
+    report(budget_reactions().cost_anomaly(anomaly), event=ANOMALY_DETECTED)

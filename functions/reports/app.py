@@ -12,6 +12,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import CheckpointCommitted, Heartbeat, JobExited, detail_of, envelope
+from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
 from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
@@ -21,13 +22,13 @@ SETTINGS = require_settings(Need.LAUNCH)
 
 
 def react(detail_type: str, event: Any) -> Reaction:
-    if detail_type == "Checkpoint Committed":
+    if detail_type == CHECKPOINT_COMMITTED:
         c = detail_of(event, CheckpointCommitted)
         return reactions().checkpoint_committed(job_id=c.job_id, attempt=c.attempt, step=c.step, uri=c.uri)
-    if detail_type == "Training Heartbeat":
+    if detail_type == TRAINING_HEARTBEAT:
         h = detail_of(event, Heartbeat)
         return reactions().heartbeat(job_id=h.job_id, attempt=h.attempt, step=h.step)
-    if detail_type == "Job Exited":
+    if detail_type == JOB_EXITED:
         x = detail_of(event, JobExited)
         return reactions().job_exited(
             job_id=x.job_id, attempt=x.attempt, exit_code=x.exit_code, instance_id=x.instance_id, node_rank=x.node_rank

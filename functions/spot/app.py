@@ -13,13 +13,14 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import Rebalance, SpotWarning, detail_of, envelope
+from gpujobs.contract import SPOT_INTERRUPTION_WARNING
 from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
 
 SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
 
-WARNING = "EC2 Spot Instance Interruption Warning"
+WARNING = SPOT_INTERRUPTION_WARNING
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)

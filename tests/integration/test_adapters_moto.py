@@ -23,10 +23,14 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from gpujobs.adapters.budgets import DynamoBudgetBook
-from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms, alarm_name
-from gpujobs.adapters.ec2 import TAG_ATTEMPT, TAG_JOB, TAG_STACK, Ec2Compute
+from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
+from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.prices import Ec2Prices
 from gpujobs.adapters.ssm import SsmSignaller
+from gpujobs.contract import ATTEMPT_TAG as TAG_ATTEMPT
+from gpujobs.contract import JOB_TAG as TAG_JOB
+from gpujobs.contract import STACK_TAG as TAG_STACK
+from gpujobs.contract import idle_alarm_name as alarm_name
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Market
 from gpujobs_local.template import parameter_default, properties, table_definition

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from gpujobs.contract import budget_name
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
 
 if TYPE_CHECKING:
@@ -85,18 +86,15 @@ class BudgetsApiCheck:
         self._stack = stack_name
         self._account: str | None = None
 
-    def budget_name(self, scope: str) -> str:
-        return f"gpujobs-{self._stack}-all" if scope == "all" else f"gpujobs-{self._stack}-team-{scope}"
-
     def __call__(self, policy: BudgetPolicy) -> bool:
         if policy.mode is not BudgetMode.HOLD:
             return True  # a forecast warning lapses with its period; nothing to check
         if self._account is None:
             self._account = str(self._sts.get_caller_identity()["Account"])
         try:
-            budget = self._budgets.describe_budget(AccountId=self._account, BudgetName=self.budget_name(policy.scope))[
-                "Budget"
-            ]
+            budget = self._budgets.describe_budget(
+                AccountId=self._account, BudgetName=budget_name(self._stack, policy.scope)
+            )["Budget"]
         except self._budgets.exceptions.NotFoundException:
             return False  # no budget to read: keep the hold until the period rolls over
         limit = float(budget["BudgetLimit"]["Amount"])

@@ -15,12 +15,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from types_boto3_cloudwatch import CloudWatchClient
 
-ALARM_PREFIX = "gpujobs-idle-"
+from gpujobs.contract import JOB_TAG, STACK_TAG, idle_alarm_name
+
 PERIOD_SECONDS = 60
-
-
-def alarm_name(stack: str, instance_id: str) -> str:
-    return f"{ALARM_PREFIX}{stack}-{instance_id}"
 
 
 class CloudWatchIdleAlarms:
@@ -31,7 +28,7 @@ class CloudWatchIdleAlarms:
     def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
         for iid in instance_ids:
             self._cw.put_metric_alarm(
-                AlarmName=alarm_name(self._stack, iid),
+                AlarmName=idle_alarm_name(self._stack, iid),
                 AlarmDescription=f"gpujobs {job_id}: GPU utilization below {below_percent}% for {minutes} min",
                 Namespace="CWAgent",
                 MetricName="nvidia_smi_utilization_gpu",
@@ -45,12 +42,12 @@ class CloudWatchIdleAlarms:
                 TreatMissingData="notBreaching",
                 ActionsEnabled=False,
                 Tags=[
-                    {"Key": "gpujobs:stack", "Value": self._stack},
-                    {"Key": "gpujobs:job-id", "Value": job_id},
+                    {"Key": STACK_TAG, "Value": self._stack},
+                    {"Key": JOB_TAG, "Value": job_id},
                 ],
             )
 
     def delete(self, *, instance_ids: Sequence[str]) -> None:
-        names = [alarm_name(self._stack, iid) for iid in instance_ids]
+        names = [idle_alarm_name(self._stack, iid) for iid in instance_ids]
         for start in range(0, len(names), 100):
             self._cw.delete_alarms(AlarmNames=names[start : start + 100])

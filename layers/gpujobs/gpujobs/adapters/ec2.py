@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import ClientError
 
+from gpujobs.contract import ATTEMPT_TAG, JOB_TAG, LIVE_STATES, NAME_TAG, STACK_TAG, TEAM_TAG, instance_display_name
 from gpujobs.domain.job import Market
 from gpujobs.domain.ladder import ErrorKind, classify_launch_error
 from gpujobs.service.ports import (
@@ -29,12 +30,6 @@ if TYPE_CHECKING:
     from types_boto3_ec2 import EC2Client
     from types_boto3_ec2.literals import InstanceTypeType
     from types_boto3_ec2.type_defs import FilterTypeDef, InstanceTypeDef, RunInstancesRequestTypeDef, TagTypeDef
-
-TAG_STACK = "gpujobs:stack"
-TAG_JOB = "gpujobs:job-id"
-TAG_ATTEMPT = "gpujobs:attempt"
-TAG_TEAM = "gpujobs:team"
-LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 
 
 class Ec2Compute:
@@ -63,11 +58,11 @@ class Ec2Compute:
 
     def tags(self, request: LaunchRequest) -> list[TagTypeDef]:
         return [
-            {"Key": TAG_STACK, "Value": self._stack},
-            {"Key": TAG_JOB, "Value": request.job_id},
-            {"Key": TAG_ATTEMPT, "Value": str(request.attempt)},
-            {"Key": TAG_TEAM, "Value": request.team},
-            {"Key": "Name", "Value": f"gpujobs-{request.name}-a{request.attempt}"},
+            {"Key": STACK_TAG, "Value": self._stack},
+            {"Key": JOB_TAG, "Value": request.job_id},
+            {"Key": ATTEMPT_TAG, "Value": str(request.attempt)},
+            {"Key": TEAM_TAG, "Value": request.team},
+            {"Key": NAME_TAG, "Value": instance_display_name(request.name, request.attempt)},
         ]
 
     def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
@@ -129,12 +124,12 @@ class Ec2Compute:
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         filters: list[FilterTypeDef] = [
-            {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
-            {"Name": f"tag:{TAG_JOB}", "Values": [job_id]},
-            {"Name": "instance-state-name", "Values": LIVE_STATES},
+            {"Name": f"tag:{STACK_TAG}", "Values": [self._stack]},
+            {"Name": f"tag:{JOB_TAG}", "Values": [job_id]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
         ]
         if attempt is not None:
-            filters.append({"Name": f"tag:{TAG_ATTEMPT}", "Values": [str(attempt)]})
+            filters.append({"Name": f"tag:{ATTEMPT_TAG}", "Values": [str(attempt)]})
         found: list[LaunchedInstance] = []
         for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
             found += [_launched(i) for r in page["Reservations"] for i in r["Instances"]]
@@ -150,21 +145,21 @@ class Ec2Compute:
 
     def list_instances(self) -> list[TaggedInstance]:
         filters: list[FilterTypeDef] = [
-            {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
-            {"Name": "instance-state-name", "Values": LIVE_STATES},
+            {"Name": f"tag:{STACK_TAG}", "Values": [self._stack]},
+            {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
         ]
         found: list[TaggedInstance] = []
         for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
             for reservation in page["Reservations"]:
                 for inst in reservation["Instances"]:
                     tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                    if TAG_JOB not in tags:
+                    if JOB_TAG not in tags:
                         continue
                     found.append(
                         TaggedInstance(
                             instance_id=inst["InstanceId"],
-                            job_id=tags[TAG_JOB],
-                            attempt=int(tags.get(TAG_ATTEMPT, "0") or 0),
+                            job_id=tags[JOB_TAG],
+                            attempt=int(tags.get(ATTEMPT_TAG, "0") or 0),
                             state=inst.get("State", {}).get("Name", "unknown"),
                             launched_at=inst["LaunchTime"],
                         )

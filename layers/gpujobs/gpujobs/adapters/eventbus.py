@@ -6,14 +6,15 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpujobs.contract import CONTROL_PLANE_SOURCE, JOB_STATE_CHANGE
 from gpujobs.service.ports import StateChanged
 
 if TYPE_CHECKING:
     from types_boto3_events import EventBridgeClient
     from types_boto3_events.type_defs import PutEventsRequestEntryTypeDef
 
-SOURCE = "gpujobs"
-STATE_CHANGE = "GPU Job State Change"
+SOURCE = CONTROL_PLANE_SOURCE
+STATE_CHANGE = JOB_STATE_CHANGE
 PUT_EVENTS_BATCH = 10
 
 

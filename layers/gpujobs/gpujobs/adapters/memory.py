@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
@@ -121,7 +122,7 @@ class FakeCompute:
             for f in self.instances.values()
             if f.request.job_id == job_id
             and (attempt is None or f.request.attempt == attempt)
-            and f.state not in ("terminated", "shutting-down")
+            and f.state in LIVE_STATES
         ]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from enum import StrEnum
 
+from gpujobs.contract import ALL_TEAMS_SCOPE, budget_name
 from gpujobs.domain.spec import TEAM_PATTERN
 
-ALL_SCOPE = "all"
+ALL_SCOPE = ALL_TEAMS_SCOPE
 """The scope of the stack-wide budget; a team can never be called this."""
 
 
@@ -51,21 +52,20 @@ def strictest(policies: Iterable[BudgetPolicy | None], team: str) -> BudgetPolic
     return max(found, key=lambda p: _SEVERITY[p.mode])
 
 
-def scope_of_budget(budget_name: str, *, stack_name: str) -> str | None:
+def scope_of_budget(name: str, *, stack_name: str) -> str | None:
     """The scope a budget governs in this stack: "all", a team, or None for budgets not ours.
 
     The stack names its budgets `gpujobs-<stack>-all` and `gpujobs-<stack>-team-<team>`. Anything
     else (another stack's, the account's own) is ignored. A team called "all" is refused, so that
     a team's budget can never set the stack-wide policy.
     """
-    prefix = f"gpujobs-{stack_name}-"
-    if not stack_name or not budget_name.startswith(prefix):
+    if not stack_name:
         return None
-    rest = budget_name[len(prefix) :]
-    if rest == ALL_SCOPE:
+    if name == budget_name(stack_name, ALL_SCOPE):
         return ALL_SCOPE
-    team = rest.removeprefix("team-")
-    if team in (rest, ALL_SCOPE) or re.fullmatch(TEAM_PATTERN, team) is None:
+    prefix = budget_name(stack_name, "")  # gpujobs-<stack>-team-
+    team = name.removeprefix(prefix)
+    if team in (name, ALL_SCOPE) or re.fullmatch(TEAM_PATTERN, team) is None:
         return None
     return team
 

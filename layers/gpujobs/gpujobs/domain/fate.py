@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from gpujobs.contract import ExitCode
 from gpujobs.domain.job import Attempt, Job, Market
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
 
-PREEMPTED_EXIT_CODE = 75
+PREEMPTED_EXIT_CODE = ExitCode.PREEMPTED
 """The trainer's "preempted, checkpoint saved, resume me" exit code (EX_TEMPFAIL)."""
 REPORT_GRACE = timedelta(seconds=90)
 """How long to wait, after an attempt's instances are gone, for exit reports still in flight."""

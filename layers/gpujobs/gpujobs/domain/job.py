@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpujobs.contract import container_name
 from gpujobs.domain.spec import JobSpec
 from gpujobs.domain.states import JobState, Reason, check_transition
 
@@ -94,7 +95,7 @@ class Attempt(_Frozen):
 
     def container_name(self, job_id: str) -> str:
         """The name the bootstrap gives the training container (the SSM signal addresses it)."""
-        return f"gpujobs-{job_id}-a{self.number}"
+        return container_name(job_id, self.number)
 
     @property
     def is_over(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpujobs.contract import BUDGET_HOLD, BUDGET_WARNING
 from gpujobs.domain.budget import (
     ALL_SCOPE,
     BudgetMode,
@@ -24,7 +25,7 @@ from gpujobs.domain.cost_anomaly import CostAnomaly, anomaly_is_significant, ano
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.reactions import Reaction, Reactions
 
-NOTICE_FOR_MODE = {BudgetMode.SPOT_ONLY: "GPU Budget Warning", BudgetMode.HOLD: "GPU Budget Hold"}
+NOTICE_FOR_MODE = {BudgetMode.SPOT_ONLY: BUDGET_WARNING, BudgetMode.HOLD: BUDGET_HOLD}
 
 
 @dataclass

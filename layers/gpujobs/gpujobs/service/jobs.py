@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from gpujobs.contract import placement_group_name
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
 from gpujobs.domain.ladder import Rung, SubnetZone, next_try_at, plan_ladder
@@ -234,7 +235,7 @@ class JobService:
             market=rung.market,
             client_token=attempt.client_token(job.job_id, index),
             user_data=user_data,
-            placement_group=f"gpujobs-{job.job_id}-a{attempt.number}" if spec.nodes > 1 else None,
+            placement_group=placement_group_name(job.job_id, attempt.number) if spec.nodes > 1 else None,
         )
 
     def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
+from gpujobs.contract import GONE_STATES
 from gpujobs.domain.fate import (
     STOP_CHECKPOINT_DEADLINE,
     Verdict,
@@ -32,7 +33,6 @@ from gpujobs.service.ports import ConcurrentUpdateError, JobNotFoundError, Signa
 
 log = logging.getLogger(__name__)
 
-GONE_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
 REBALANCE_SIGNAL_INTERVAL = timedelta(minutes=5)
 
 

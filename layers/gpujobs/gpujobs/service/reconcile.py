@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
+from gpujobs.contract import UP_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, runtime_of
 from gpujobs.domain.job import Job
@@ -160,7 +161,7 @@ class Reconciler:
                 continue
             job = active.get(inst.job_id)
             attempt = job.attempt(inst.attempt) if job else None
-            if attempt is None or (attempt.is_over and inst.state in ("pending", "running")):
+            if attempt is None or (attempt.is_over and inst.state in UP_STATES):
                 orphans.append(inst.instance_id)
         if orphans:
             log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)

@@ -1,0 +1,145 @@
+"""The names every part of gpujobs agrees on, written once.
+
+Tags on AWS resources, the names of the resources the control plane creates, the sets of EC2
+instance states it reasons about, the sources and detail-types of the events it publishes and
+consumes, and the exit codes of the instance and the trainer. Each is a promise between two
+components that ship separately: the Lambda functions, the instance bootstrap (stdlib only, shipped
+in user data), the training image, template.yaml (event patterns, IAM resource names) and the local
+cloud's EC2.
+
+Pieces that cannot import this module keep a copy: `gpujobs/instance/contract.py` (the bootstrap
+must run on a bare Python with the standard library alone), `gpujobs_trainer.errors` and
+`gpujobs_trainer.events` (another artifact), template.yaml and the local cloud. One test
+(`tests/unit/test_contract.py`) compares every copy with this module and searches the sources for
+a stray literal, so no copy can drift. Stdlib only, imported by every layer, importing nothing.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+# ---- tags ----------------------------------------------------------------------------------
+STACK_TAG = "gpujobs:stack"
+"""On everything the stack creates; the IAM policies condition every mutating call on it."""
+JOB_TAG = "gpujobs:job-id"
+ATTEMPT_TAG = "gpujobs:attempt"
+"""The attempt number, as decimal text."""
+TEAM_TAG = "gpujobs:team"
+NAME_TAG = "Name"
+
+# ---- names of what the control plane creates -------------------------------------------------
+RESOURCE_PREFIX = "gpujobs-"
+IDLE_ALARM_PREFIX = "gpujobs-idle-"
+
+
+def container_name(job_id: str, attempt: int) -> str:
+    """The training container on each instance of an attempt (SSM's checkpoint-now addresses it)."""
+    return f"gpujobs-{job_id}-a{attempt}"
+
+
+def placement_group_name(job_id: str, attempt: int) -> str:
+    """The cluster placement group of a multi-node attempt (IAM allows `placement-group/gpujobs-*`)."""
+    return f"gpujobs-{job_id}-a{attempt}"
+
+
+def instance_display_name(job_name: str, attempt: int) -> str:
+    """The `Name` tag people see in the EC2 console."""
+    return f"gpujobs-{job_name}-a{attempt}"
+
+
+def idle_alarm_name(stack: str, instance_id: str) -> str:
+    """One GPU-idle alarm per instance; the idle rule matches the prefix `gpujobs-idle-<stack>-i-`."""
+    return f"{IDLE_ALARM_PREFIX}{stack}-{instance_id}"
+
+
+ALL_TEAMS_SCOPE = "all"
+"""The budget scope that covers every team of the stack."""
+
+
+def budget_name(stack: str, scope: str) -> str:
+    """`gpujobs-<stack>-all` or `gpujobs-<stack>-team-<team>`: how a budget names the scope it governs."""
+    return f"gpujobs-{stack}-{scope}" if scope == ALL_TEAMS_SCOPE else f"gpujobs-{stack}-team-{scope}"
+
+
+# ---- EC2 instance states ---------------------------------------------------------------------
+INSTANCE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
+"""Every state of EC2's instance lifecycle."""
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+"""The instance still exists (it may be restarted, or still cost money): what lookups by tag return."""
+GONE_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
+"""The instance no longer runs its workload, or is about to stop running it: its attempt can be judged."""
+WORKLOAD_MAY_RUN_STATES = ("pending", "running", "stopping", "shutting-down")
+"""Processes may still run on it (a reclaimed instance saves its checkpoint while shutting down)."""
+UP_STATES = ("pending", "running")
+"""Up or coming up: what a gang's rendezvous counts, and what an ended attempt must not have."""
+
+# ---- the workload's environment and checkpoints ----------------------------------------------
+WORKLOAD_ENV = (
+    "GPUJOBS_JOB_ID",
+    "GPUJOBS_ATTEMPT",
+    "GPUJOBS_NNODES",
+    "GPUJOBS_NODE_RANK",
+    "GPUJOBS_NPROC_PER_NODE",
+    "GPUJOBS_MASTER_ADDR",
+    "GPUJOBS_MASTER_PORT",
+    "GPUJOBS_CHECKPOINT_URI",
+    "GPUJOBS_CHECKPOINT_EVERY_MINUTES",
+    "GPUJOBS_EVENT_BUS",
+    "GPUJOBS_INSTANCE_ID",
+    "GPUJOBS_RESUME_FROM_STEP",
+)
+"""What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
+CHECKPOINT_COMMIT_FILE = "COMMIT.json"
+"""Written last into a checkpoint's folder: a folder without it is a save that was cut short."""
+LAST_COMMIT_REASONS = ("preempted", "final")
+"""Commit reasons an attempt writes only as it ends (a `periodic` or `on-demand` one may be followed by more)."""
+
+
+def checkpoint_step_dir(step: int) -> str:
+    """`step-NNNNNNNN`: the folder of the checkpoint taken at `step` (eight digits sort like numbers)."""
+    return f"step-{step:08d}"
+
+
+# ---- events ----------------------------------------------------------------------------------
+CONTROL_PLANE_SOURCE = "gpujobs"
+"""What the control plane publishes on the stack's bus."""
+JOB_STATE_CHANGE = "GPU Job State Change"
+BUDGET_WARNING = "GPU Budget Warning"
+BUDGET_HOLD = "GPU Budget Hold"
+
+TRAINER_SOURCE = "gpujobs.trainer"
+"""What the training container reports."""
+CHECKPOINT_COMMITTED = "Checkpoint Committed"
+TRAINING_HEARTBEAT = "Training Heartbeat"
+
+INSTANCE_SOURCE = "gpujobs.instance"
+"""What the instance bootstrap reports."""
+JOB_EXITED = "Job Exited"
+
+REPORT_DETAIL_TYPES = (CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, JOB_EXITED)
+"""What the reports function handles (from either source)."""
+
+EC2_SOURCE = "aws.ec2"
+SPOT_INTERRUPTION_WARNING = "EC2 Spot Instance Interruption Warning"
+REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
+INSTANCE_STATE_CHANGE = "EC2 Instance State-change Notification"
+CLOUDWATCH_SOURCE = "aws.cloudwatch"
+ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
+COST_EXPLORER_SOURCE = "aws.ce"
+ANOMALY_DETECTED = "Anomaly Detected"
+
+
+# ---- exit codes ------------------------------------------------------------------------------
+class ExitCode(IntEnum):
+    """What an instance's workload exit code means to the control plane."""
+
+    SUCCEEDED = 0
+    """Training finished; the final checkpoint is committed."""
+    CRASHED = 1
+    """Anything not listed here counts as a crash."""
+    PREEMPTED = 75
+    """EX_TEMPFAIL: interrupted, a checkpoint is committed; resume me."""
+    CONFIG_ERROR = 78
+    """EX_CONFIG: the job is misconfigured; retrying the same configuration fails the same way."""
+    BOOTSTRAP_FAILED = 127
+    """The instance bootstrap could not start the workload."""
