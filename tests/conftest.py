@@ -4,11 +4,18 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
 from gpujobs_local.stack import MotoStack, load_function
 
 __all__ = ["load_function"]
+
+# Randomized tests: `ci` (the default) runs a few hundred sequences; `make soak` selects `soak`.
+_SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=_SLOW_IS_FINE, print_blob=True)
+settings.register_profile("soak", max_examples=10_000, deadline=None, suppress_health_check=_SLOW_IS_FINE)
+settings.load_profile(os.environ.get("GPUJOBS_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
