@@ -32,6 +32,7 @@ from typing import Any
 
 import boto3
 
+from gpujobs.contract import STACK_TAG
 from gpujobs_local import router
 from gpujobs_local.event_sources import EventSources
 from gpujobs_local.faults import CapacityFault, CapacityFaults
@@ -239,7 +240,7 @@ class LocalCloud:
             QueueName=f"{self.stack_name}-events-dlq", Attributes={"MessageRetentionPeriod": "1209600"}
         )["QueueUrl"]
         topic = sns.create_topic(
-            Name=f"{self.stack_name}-budget-alerts", Tags=[{"Key": "gpujobs:stack", "Value": self.stack_name}]
+            Name=f"{self.stack_name}-budget-alerts", Tags=[{"Key": STACK_TAG, "Value": self.stack_name}]
         )["TopicArn"]
         queues = {
             "JobsQueue": stack.queue_url,

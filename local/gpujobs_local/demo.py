@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpujobs.contract import CHECKPOINT_COMMITTED
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
@@ -74,7 +75,7 @@ class Demo:
     # ---- watching ---------------------------------------------------------------------------
     def on_delivery(self, delivery: Delivery) -> None:
         event = delivery.event or {}
-        if delivery.kind == "Checkpoint Committed":
+        if delivery.kind == CHECKPOINT_COMMITTED:
             detail = event.get("detail", {})
             seen = (int(detail.get("step", -1)), int(detail.get("attempt", 0)), str(detail.get("reason", "")))
             if seen not in self.checkpoints:

@@ -37,16 +37,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpujobs.contract import (
+    ATTEMPT_TAG,
+    EC2_SOURCE,
+    INSTANCE_STATE_CHANGE,
+    JOB_TAG,
+    LIVE_STATES,
+    REBALANCE_RECOMMENDATION,
+    SPOT_INTERRUPTION_WARNING,
+    STACK_TAG,
+    UP_STATES,
+    WORKLOAD_MAY_RUN_STATES,
+)
 from gpujobs_local.imds import FakeImds
 from gpujobs_local.processes import InstanceProcesses, become_subreaper, free_port
 
 log = logging.getLogger("gpujobs_local.instances")
 
-TAG_STACK, TAG_JOB_ID, TAG_ATTEMPT = "gpujobs:stack", "gpujobs:job-id", "gpujobs:attempt"
-STATE_CHANGE = "EC2 Instance State-change Notification"
-SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
-REBALANCE = "EC2 Instance Rebalance Recommendation"
-EC2_SOURCE = "aws.ec2"
+STATE_CHANGE = INSTANCE_STATE_CHANGE
+SPOT_WARNING = SPOT_INTERRUPTION_WARNING
+REBALANCE = REBALANCE_RECOMMENDATION
 _ENDING = {"shutting-down": "terminated", "terminated": "terminated", "stopping": "stopped", "stopped": "stopped"}
 
 
@@ -174,7 +184,7 @@ class InstanceRunner:
             inst.processes.kill(signal.SIGKILL)
             inst.processes.wait_bootstrap(timeout=5)  # SIGKILL is immediate: reap the bootstrap
             self._terminate_in_ec2(inst)
-            if inst.state not in ("shutting-down", "terminated"):
+            if inst.state in LIVE_STATES:
                 self._state(inst, "shutting-down")
             inst.ending = "terminated"
             self._finish(inst)
@@ -215,14 +225,14 @@ class InstanceRunner:
             iid, state = described["InstanceId"], described["State"]["Name"]
             inst = self.instances.get(iid)
             if inst is None:
-                if state in ("pending", "running"):
+                if state in UP_STATES:
                     self._launch(described)
                 continue
             if state in _ENDING and not inst.ending and not inst.crashed:
                 self._end(inst, _ENDING[state])
         now = time.monotonic()
         for inst in self.instances.values():
-            if inst.crashed or inst.state in ("terminated", "stopped"):
+            if inst.crashed or inst.state not in WORKLOAD_MAY_RUN_STATES:
                 inst.processes.reap()
                 continue
             if inst.alive:
@@ -241,7 +251,7 @@ class InstanceRunner:
                 self._exited(inst)
 
     def _describe(self) -> Iterator[dict[str, Any]]:
-        filters = [{"Name": f"tag:{TAG_STACK}", "Values": [self.stack_name]}]
+        filters = [{"Name": f"tag:{STACK_TAG}", "Values": [self.stack_name]}]
         for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
             for reservation in page["Reservations"]:
                 for described in reservation["Instances"]:
@@ -251,7 +261,7 @@ class InstanceRunner:
     def _launch(self, described: dict[str, Any]) -> None:
         iid = described["InstanceId"]
         tags = {t["Key"]: t["Value"] for t in described.get("Tags", [])}
-        attempt_tag = tags.get(TAG_ATTEMPT, "")
+        attempt_tag = tags.get(ATTEMPT_TAG, "")
         attempt = int(attempt_tag) if attempt_tag.isdigit() else None
         directory = self.workdir / "instances" / iid
         (directory / "tmp").mkdir(parents=True, exist_ok=True)
@@ -269,7 +279,7 @@ class InstanceRunner:
         inst = LocalInstance(
             instance_id=iid,
             launch_index=int(described.get("AmiLaunchIndex", 0)),
-            job_id=tags.get(TAG_JOB_ID, ""),
+            job_id=tags.get(JOB_TAG, ""),
             attempt=attempt,
             directory=directory,
             imds=imds,

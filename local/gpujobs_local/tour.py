@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any
 
+from gpujobs.contract import ATTEMPT_TAG, EC2_SOURCE, JOB_TAG, SPOT_INTERRUPTION_WARNING, TEAM_TAG
 from gpujobs_local.stack import ROOT, LambdaContext, MotoStack, load_function
 from gpujobs_local.story import Story, story_parser
 
@@ -92,13 +93,13 @@ class Tour:
             self.story.say(f"    {src:>11} -> {entry.target.value:<9} {entry.reason.value}{detail[:110]}")
 
     def show_instances(self, job_id: str) -> list[dict[str, Any]]:
-        found = self.stack.instances(**{"gpujobs:job-id": job_id})
+        found = self.stack.instances(**{JOB_TAG: job_id})
         for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
             tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
             self.story.say(
                 f"    {inst['InstanceId']}  {inst['InstanceType']:<10} {inst['Placement']['AvailabilityZone']}"
                 f"  {inst.get('InstanceLifecycle', 'on-demand'):<9} rank {inst['AmiLaunchIndex']}"
-                f"  attempt {tags['gpujobs:attempt']}  team {tags['gpujobs:team']}"
+                f"  attempt {tags[ATTEMPT_TAG]}  team {tags[TEAM_TAG]}"
             )
         return found
 
@@ -160,7 +161,7 @@ class Tour:
             self.submit(self.stack.sqs_event(messages), LambdaContext())
         sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
         job_id = job_id_for(client_token=None, team=None, message_id=messages[0]["MessageId"])
-        count = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
+        count = len(self.stack.instances(**{JOB_TAG: job_id}))
         self.story.say(f"  two deliveries -> one job {job_id}, {count} instance (RunInstances ran once)")
         self.summary["jobs"]["duplicate"] = {"job_id": job_id, "instances": count}
 
@@ -182,8 +183,8 @@ class Tour:
         job = self.store.get(job_id)
         (instance_id,) = job.instance_ids
         event = self.stack.eventbridge(
-            "aws.ec2",
-            "EC2 Spot Instance Interruption Warning",
+            EC2_SOURCE,
+            SPOT_INTERRUPTION_WARNING,
             {"instance-id": instance_id, "instance-action": "terminate"},
             resources=[f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"],
         )
@@ -213,7 +214,7 @@ class Tour:
         _, out = cli("cancel", job_id)
         self.story.say(f"  $ gpujobs cancel {job_id}  ->  {out.strip().splitlines()[0]}")
         self.stack.deliver(self.submit)
-        left = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
+        left = len(self.stack.instances(**{JOB_TAG: job_id}))
         state = self.store.get(job_id).state.value
         self.story.say(f"  {job_id} {state}; instances left: {left}")
         self.summary["jobs"]["gang"]["after_cancel"] = {"state": state, "instances": left}
