@@ -21,6 +21,7 @@ from gpujobs.domain.budget import (
     period_of,
     scope_of_budget,
 )
+from gpujobs.domain.effects import Outcome
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.ports import BudgetMode, BudgetPolicy
 from gpujobs.service.reactions import Reaction, Reactions
@@ -36,20 +37,16 @@ class BudgetReactions:
     def budget_notification(self, *, subject: str | None, message: str) -> Reaction:
         alert = parse_budget_notification(subject, message)
         if isinstance(alert, UnparsedAlert):
-            return Reaction(
-                f"ignored: not a budget notification we understand ({alert.reason})",
-                None,
-                {"BudgetNotificationsUnparsed": 1},
-            )
+            return Reaction(Outcome.NOT_A_BUDGET_ALERT, None, {"BudgetNotificationsUnparsed": 1}, alert.reason)
         scope = scope_of_budget(alert.budget_name, stack_name=self.stack_name)
         if scope is None:
-            return Reaction(f"ignored: budget {alert.budget_name!r} is not one of this stack's")
+            return Reaction(Outcome.NOT_THIS_STACK, detail=f"budget {alert.budget_name!r}")
         mode, reason = decide_budget_mode(alert)
         return self.apply(scope, BudgetMode(mode), reason)
 
     def cost_anomaly(self, detail: AnomalyDetail) -> Reaction:
         if not anomaly_is_significant(detail):
-            return Reaction(f"ignored: anomaly below the threshold ({anomaly_reason(detail)})")
+            return Reaction(Outcome.BELOW_THRESHOLD, detail=anomaly_reason(detail))
         return self.apply("all", BudgetMode.SPOT_ONLY, anomaly_reason(detail))
 
     def apply(self, scope: str, mode: BudgetMode, reason: str) -> Reaction:
@@ -71,7 +68,8 @@ class BudgetReactions:
                     stopping += 0 if asked.ignored else 1
         metric = "BudgetHolds" if mode is BudgetMode.HOLD else "BudgetWarnings"
         return Reaction(
-            f"budget {mode.value} for {scope}: {reason}; {stopping} running job(s) checkpointing to stop",
+            Outcome.BUDGET_APPLIED,
             None,
             {metric: 1},
+            f"budget {mode.value} for {scope}: {reason}; {stopping} running job(s) checkpointing to stop",
         )
