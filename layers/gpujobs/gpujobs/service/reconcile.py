@@ -11,7 +11,7 @@ issues a due policy stop again while its instances live; records instances EC2 s
 stopped (a lost `stopped` event); recreates the idle alarms a RUNNING GPU job lacks and deletes
 those of attempts that are over. The stopped instances of a job that ended STOPPED are kept on
 purpose (an on-demand policy stop stops rather than terminates, so the disk stays for inspection
-and costs only its EBS volume); the orphan sweep leaves them alone, and `gpujobs cancel` on the
+and costs only its EBS volume); the orphan sweep leaves them alone, and a cancel message for the
 STOPPED job terminates them.
 """
 
