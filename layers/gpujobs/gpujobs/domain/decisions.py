@@ -220,10 +220,10 @@ def settle(job: Job, *, now: datetime) -> Decision:
     effects += stop_effects
     notes += [stop_note] if stop_note else []
     record = None if changed is job else changed
-    if record is not None and (relaunch or record.state in (JobState.QUEUED, JobState.INTERRUPTED)):
-        effects.append(Launch(job.job_id))
     if record is None and not effects:
         return ignore(Outcome.NOTHING_TO_DECIDE)
+    if relaunch or changed.state in (JobState.QUEUED, JobState.INTERRUPTED):
+        effects.append(Launch(job.job_id))
     return Decision(Outcome.SETTLED, record, tuple(effects), "; ".join(notes), _settle_metrics(job, changed))
 
 

@@ -139,14 +139,16 @@ class Reconciler:
         return set(live)
 
     def _delete_leaked_alarms(self, unwatched: set[str], report: ReconcileReport) -> None:
-        """Alarms no RUNNING job watched this tick: deleted once the record says their attempt is over
-        (re-read, so an alarm a launch has just created is never taken for a leak)."""
+        """Alarms no RUNNING job watched this tick: deleted once the record says their attempt is over.
+
+        Each is re-read, so an alarm a launch has just created is never taken for a leak; one whose
+        instance the (eventually consistent) index does not know yet is left for a later tick."""
         store = self.reactions.jobs.store
         leaked = []
         for iid in sorted(unwatched):
             job = store.find_by_instance(iid)
             attempt = job.attempt_of_instance(iid) if job else None
-            if job is None or attempt is None or attempt.is_over or job.state.is_terminal:
+            if job is not None and (attempt is None or attempt.is_over or job.state.is_terminal):
                 leaked.append(iid)
         if leaked:
             self.reactions.jobs.carry_out([DeleteAlarms(tuple(leaked))])
