@@ -66,7 +66,9 @@ Effect = Terminate | Stop | TerminateJobInstances | CreateAlarms | DeleteAlarms 
 
 
 class Outcome(StrEnum):
-    """What a decision did, for logs and metrics. The `IGNORED` ones changed nothing."""
+    """What a decision did, for logs and metrics. The `IGNORED` ones wrote nothing to the record
+    (a few still act: an alarm of an ended attempt is deleted, a cancel of an ended job terminates
+    what it still holds)."""
 
     INTERRUPTED = "interrupted"
     CHECKPOINT_REQUESTED = "checkpoint requested"

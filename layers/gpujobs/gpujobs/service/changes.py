@@ -83,7 +83,8 @@ def change(
         try:
             after = store.save(decision.job)
         except ConcurrentUpdateError:
-            backoff.pause(lost)
+            if lost + 1 < backoff.tries:
+                backoff.pause(lost)
             continue
         publish_changes(publisher, before, after)
         return Applied(before, after, decision)
@@ -119,7 +120,9 @@ class Actuator:
                 self.alarms.create(job_id=job_id, instance_ids=instance_ids, below_percent=below, minutes=minutes)
             case DeleteAlarms(instance_ids) if instance_ids:
                 self.alarms.delete(instance_ids=instance_ids)
-            case SignalCheckpoint(instance_ids, container) if instance_ids and self.signaller is not None:
+            case SignalCheckpoint(instance_ids, container) if instance_ids:
+                if self.signaller is None:
+                    raise RuntimeError("a checkpoint signal was decided where no signaller is wired")
                 self.signaller.checkpoint_now(instance_ids=instance_ids, container=container)
             case _:  # nothing to do, or Launch: the launcher carries that out after every other effect
                 pass
