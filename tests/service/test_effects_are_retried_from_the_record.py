@@ -136,6 +136,17 @@ def test_a_running_gpu_job_whose_alarms_are_missing_gets_them_back(world: World)
     assert world.reconciler.run().repairs["idle alarms recreated"] == 0
 
 
+def test_a_tick_that_cannot_list_the_alarms_still_repairs_everything_else(world: World) -> None:
+    job = running(world, capacity="on-demand")
+    world.compute.terminate([only_instance(world, job)])  # EC2 took it; the event never arrived
+    world.alarms.faults.fail_next("instance_ids")
+
+    report = world.reconciler.run()
+
+    assert report.repairs["lost state changes repaired"] == 1
+    assert report.repairs["errors"] == 0
+
+
 # ---- scenario 13: every state change is published ------------------------------------------------------
 
 

@@ -250,6 +250,7 @@ class InMemoryIdleAlarms:
             self.alarms.pop(iid, None)
 
     def instance_ids(self) -> list[str]:
+        self.faults.check("instance_ids")
         return list(self.alarms)
 
 

@@ -72,7 +72,7 @@ class Reconciler:
         for inst in instances:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
-        alarmed = set(jobs.alarms.instance_ids())
+        alarmed = self._alarmed_instances()
         watched: set[str] = set()
 
         for job in active.values():
@@ -82,12 +82,22 @@ class Reconciler:
                 log.exception("reconciling %s failed", job.job_id)
                 report.count("errors")
         self._terminate_orphans(instances, active, now, report)
-        self._delete_leaked_alarms(alarmed - watched, report)
+        if alarmed is not None:
+            self._delete_leaked_alarms(alarmed - watched, report)
         return report
+
+    def _alarmed_instances(self) -> set[str] | None:
+        """The instances with an idle alarm; None when they cannot be listed now (the alarm repairs
+        wait for the next tick, every other repair goes ahead)."""
+        try:
+            return set(self.reactions.jobs.alarms.instance_ids())
+        except Exception:
+            log.exception("could not list the idle alarms")
+            return None
 
     # ---- per job ----------------------------------------------------------------------------------
     def _repair(
-        self, job: Job, live: list[TaggedInstance], now: datetime, alarmed: set[str], report: ReconcileReport
+        self, job: Job, live: list[TaggedInstance], now: datetime, alarmed: set[str] | None, report: ReconcileReport
     ) -> set[str]:
         """Repair one active job; returns the instances whose idle alarms it wants kept."""
         reactions, jobs = self.reactions, self.reactions.jobs
@@ -123,10 +133,12 @@ class Reconciler:
             report.count("attempts settled")
         return self._ensure_alarms(settled.job or current, alarmed, report)
 
-    def _ensure_alarms(self, job: Job, alarmed: set[str], report: ReconcileReport) -> set[str]:
+    def _ensure_alarms(self, job: Job, alarmed: set[str] | None, report: ReconcileReport) -> set[str]:
         """A RUNNING GPU job's live instances each have an idle alarm (its creation may have failed)."""
         attempt = job.current_attempt
-        if job.state is not JobState.RUNNING or attempt is None or attempt.is_over or not wants_idle_alarms(job):
+        if alarmed is None or job.state is not JobState.RUNNING or not wants_idle_alarms(job):
+            return set()
+        if attempt is None or attempt.is_over:
             return set()
         live = live_instances(attempt)
         lacking = tuple(i for i in live if i not in alarmed)
