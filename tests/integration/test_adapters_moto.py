@@ -84,6 +84,17 @@ def test_deleting_idle_alarms_removes_them_and_a_second_delete_is_harmless(aws: 
     assert cloudwatch.describe_alarms(AlarmNamePrefix="gpujobs-idle-")["MetricAlarms"] == []
 
 
+def test_the_idle_alarms_of_this_stack_are_listed_by_instance_and_no_others(aws: None) -> None:
+    cloudwatch = client("cloudwatch")
+    CloudWatchIdleAlarms(client=cloudwatch, stack_name=f"{STACK}-staging").create(
+        job_id="j-2", instance_ids=["i-0ccc"], below_percent=5, minutes=15
+    )
+    alarms = CloudWatchIdleAlarms(client=cloudwatch, stack_name=STACK)
+    alarms.create(job_id="j-1", instance_ids=["i-0aaa", "i-0bbb"], below_percent=5, minutes=15)
+
+    assert sorted(alarms.instance_ids()) == ["i-0aaa", "i-0bbb"]
+
+
 # --- checkpoint now over SSM ----------------------------------------------------------------------
 
 

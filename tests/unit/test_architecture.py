@@ -27,7 +27,8 @@ def test_the_domain_imports_nothing_from_aws_in_a_fresh_interpreter() -> None:
     code = (
         "import sys, gpujobs.domain.spec, gpujobs.domain.job, gpujobs.domain.states, gpujobs.domain.ladder,"
         " gpujobs.domain.rundoc, gpujobs.domain.budget, gpujobs.domain.budget_alerts, gpujobs.domain.cost,"
-        " gpujobs.domain.cost_anomaly; bad = [m for m in sys.modules if m.split('.')[0] in"
+        " gpujobs.domain.cost_anomaly, gpujobs.domain.fate, gpujobs.domain.effects, gpujobs.domain.decisions,"
+        " gpujobs.domain.launching; bad = [m for m in sys.modules if m.split('.')[0] in"
         " ('boto3', 'botocore', 'aws_lambda_powertools')]; print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

@@ -22,6 +22,7 @@ from gpujobs.domain.budget import (
 )
 from gpujobs.domain.budget_alerts import UnparsedAlert, decide_budget_mode, parse_budget_notification
 from gpujobs.domain.cost_anomaly import CostAnomaly, anomaly_is_significant, anomaly_reason
+from gpujobs.domain.effects import Outcome
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.reactions import Reaction, Reactions
 
@@ -36,20 +37,16 @@ class BudgetReactions:
     def budget_notification(self, *, subject: str | None, message: str) -> Reaction:
         alert = parse_budget_notification(subject, message)
         if isinstance(alert, UnparsedAlert):
-            return Reaction(
-                f"ignored: not a budget notification we understand ({alert.reason})",
-                None,
-                {"BudgetNotificationsUnparsed": 1},
-            )
+            return Reaction(Outcome.NOT_A_BUDGET_ALERT, None, {"BudgetNotificationsUnparsed": 1}, alert.reason)
         scope = scope_of_budget(alert.budget_name, stack_name=self.stack_name)
         if scope is None:
-            return Reaction(f"ignored: budget {alert.budget_name!r} is not one of this stack's")
+            return Reaction(Outcome.NOT_THIS_STACK, detail=f"budget {alert.budget_name!r}")
         mode, reason = decide_budget_mode(alert)
         return self.apply(scope, mode, reason)
 
     def cost_anomaly(self, anomaly: CostAnomaly) -> Reaction:
         if not anomaly_is_significant(anomaly):
-            return Reaction(f"ignored: anomaly below the threshold ({anomaly_reason(anomaly)})")
+            return Reaction(Outcome.BELOW_THRESHOLD, detail=anomaly_reason(anomaly))
         return self.apply(ALL_SCOPE, BudgetMode.SPOT_ONLY, anomaly_reason(anomaly))
 
     def apply(self, scope: str, mode: BudgetMode, reason: str) -> Reaction:
@@ -75,7 +72,8 @@ class BudgetReactions:
                     stopping += 0 if asked.ignored else 1
         metric = "BudgetHolds" if mode is BudgetMode.HOLD else "BudgetWarnings"
         return Reaction(
-            f"budget {mode.value} for {scope}: {reason}; {stopping} running job(s) checkpointing to stop",
+            Outcome.BUDGET_APPLIED,
             None,
             {metric: 1},
+            f"budget {mode.value} for {scope}: {reason}; {stopping} running job(s) checkpointing to stop",
         )

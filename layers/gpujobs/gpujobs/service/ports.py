@@ -148,6 +148,9 @@ class IdleAlarms(Protocol):
 
     def delete(self, *, instance_ids: Sequence[str]) -> None: ...
 
+    def instance_ids(self) -> list[str]:
+        """The instances that have an idle alarm of this stack (the reconciler's sweep)."""
+
 
 class BudgetBook(Protocol):
     def policy_for(self, team: str) -> BudgetPolicy:
