@@ -60,3 +60,18 @@ def test_the_cli_runs_without_loading_the_local_cloud() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MODULE_LINE_LIMIT = 450
+"""A module past a few hundred lines is holding two ideas (STYLE.md); this is the hard ceiling."""
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    folders = ("layers", "local", "cli", "functions", "training_image/gpujobs_trainer")
+    sizes = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert sizes
+    assert {path: lines for path, lines in sizes.items() if lines > MODULE_LINE_LIMIT} == {}
