@@ -63,7 +63,7 @@ class UnpricedError(LookupError):
 
 
 def instance_family(instance_type: str) -> str:
-    """`p5` for `p5.48xlarge`: types of one family are priced alike per unit of size."""
+    """`p5` for `p5.48xlarge` (and `p5e` for `p5e.48xlarge`, a family of its own)."""
     return instance_type.partition(".")[0]
 
 
