@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gpujobs.contract import LIVE_STATES
-from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
@@ -59,8 +59,10 @@ class Faults:
 class InMemoryJobStore:
     """Atomic like a conditional write: concurrent saves (threads) serialize on a lock.
 
-    `on_get`, when set, runs after every read; a test sleeps there to model the network time in
-    which other writers get ahead."""
+    `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
+    `ByState` index, which is eventually consistent: `lag_index` freezes it at a moment so that a
+    test can show what a stale index read does. `on_get`, when set, runs after every read; a test
+    sleeps there to model the network time in which other writers get ahead."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
@@ -68,6 +70,14 @@ class InMemoryJobStore:
         self._lock = threading.Lock()
         self.faults = Faults()
         self.on_get: Callable[[], None] | None = None
+        self._index: dict[str, Job] | None = None
+
+    def lag_index(self) -> None:
+        """From now on, `list_by_state` answers as of this moment, until `catch_up_index`."""
+        self._index = dict(self._jobs)
+
+    def catch_up_index(self) -> None:
+        self._index = None
 
     def create(self, job: Job) -> Job:
         if job.job_id in self._jobs:
@@ -103,7 +113,8 @@ class InMemoryJobStore:
         return self._jobs[job_id] if job_id else None
 
     def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]:
-        jobs = sorted((j for j in self._jobs.values() if j.state is state), key=lambda j: j.updated_at, reverse=True)
+        indexed = self._jobs if self._index is None else self._index
+        jobs = sorted((j for j in indexed.values() if j.state is state), key=lambda j: j.updated_at, reverse=True)
         return jobs[:limit]
 
 
@@ -261,7 +272,21 @@ class InMemoryBudgetBook:
         return strictest([self.policies.get(team), self.policies.get("all")], team)
 
     def set_policy(self, policy: BudgetPolicy) -> None:
+        """Seed a scope's policy as given, unconditionally (tests start from a known policy)."""
         self.policies[policy.scope] = policy
+
+    def tighten(self, policy: BudgetPolicy) -> BudgetPolicy:
+        stored = self.policies.get(policy.scope)
+        if stored is None or may_replace(stored, policy):
+            self.policies[policy.scope] = policy
+            return policy
+        return stored
+
+    def release(self, policy: BudgetPolicy) -> bool:
+        if self.policies.get(policy.scope) != policy:
+            return False
+        self.policies[policy.scope] = lifted(policy)
+        return True
 
     def held_scopes(self) -> list[BudgetPolicy]:
         return [p for p in self.policies.values() if p.mode is not BudgetMode.NORMAL]
@@ -275,3 +300,7 @@ class TablePrices:
 
     def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:  # noqa: ARG002
         return self.table.get((instance_type, market.value))
+
+    @property
+    def on_demand_table(self) -> dict[str, float]:
+        return {t: price for (t, market), price in self.table.items() if market == Market.ON_DEMAND.value}

@@ -51,6 +51,8 @@ class LaunchConfig:
     event_bus_name: str
     region: str
     allowed_instance_types: tuple[str, ...] = ()
+    priced_instance_types: frozenset[str] | None = None
+    """Types with a known price; a spec with `max_cost_usd` over any other type is refused."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,11 @@ class JobService:
             document = parse_document(body)
             if set(document) == {"cancel_job_id"}:
                 return SubmitOutcome(self.cancel(str(document["cancel_job_id"])), created=False)
-            spec = validate_spec(document, allowed_instance_types=self.config.allowed_instance_types or None)
+            spec = validate_spec(
+                document,
+                allowed_instance_types=self.config.allowed_instance_types or None,
+                priced_instance_types=self.config.priced_instance_types,
+            )
         except SpecError as exc:
             return self._reject(body, exc.problems, message_id=message_id)
         return self.submit(spec, message_id=message_id)
