@@ -12,6 +12,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import AlarmStateChange, detail_of, envelope
+from gpujobs.domain.effects import Outcome
 from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
@@ -27,6 +28,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> None:
     alarm = detail_of(envelope(event), AlarmStateChange)
     instance_id = alarm.instance_id
     if alarm.state.value != "ALARM" or instance_id is None:
-        report(Reaction(f"ignored: alarm {alarm.alarm_name} is {alarm.state.value} without an InstanceId"))
+        report(Reaction(Outcome.ALARM_NOT_ACTIONABLE, detail=f"alarm {alarm.alarm_name} is {alarm.state.value}"))
         return
     report(reactions().idle_alarm(instance_id), alarm=alarm.alarm_name)

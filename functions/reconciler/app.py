@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -18,7 +19,9 @@ SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    result = reconciler().run()
+    # Launch work stops short of the function's own timeout, so the repairs are never the work cut off.
+    deadline = datetime.now(UTC) + timedelta(milliseconds=context.get_remaining_time_in_millis())
+    result = reconciler().run(deadline=deadline)
     logger.info(
         "reconciled",
         extra={"active_jobs": result.active_jobs, "live_instances": result.live_instances, **result.repairs},

@@ -13,6 +13,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import CheckpointCommitted, Heartbeat, JobExited, detail_of, envelope
 from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
+from gpujobs.domain.effects import Outcome
 from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
@@ -33,7 +34,7 @@ def react(detail_type: str, event: Any) -> Reaction:
         return reactions().job_exited(
             job_id=x.job_id, attempt=x.attempt, exit_code=x.exit_code, instance_id=x.instance_id, node_rank=x.node_rank
         )
-    return Reaction(f"ignored: unknown report {detail_type!r}")
+    return Reaction(Outcome.UNKNOWN_REPORT, detail=repr(detail_type))
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)

@@ -15,34 +15,10 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
 
 from gpujobs_local.cloud import Delivery, LocalCloud
 from gpujobs_local.session import LOCAL_INSTANCE_TYPES, attach_runner
-
-
-class _DropMetricLines:
-    """stdout minus Powertools' EMF lines (its cold-start metric prints even with metrics disabled)."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._dropped = False
-
-    def write(self, text: str) -> int:
-        if text.startswith('{"_aws"'):
-            self._dropped = True
-            return len(text)
-        if self._dropped and text == "\n":
-            self._dropped = False
-            return len(text)
-        self._dropped = False
-        return self._out.write(text)
-
-    def flush(self) -> None:
-        self._out.flush()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._out, name)
+from gpujobs_local.story import MetricLineFilter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +55,7 @@ def up(argv: list[str] | None = None) -> int:
         temp = tempfile.TemporaryDirectory(prefix="gpujobs-local-")
         workdir = Path(temp.name)
     out = sys.stdout
-    sys.stdout = _DropMetricLines(out)
+    sys.stdout = MetricLineFilter(out)
     cloud = LocalCloud(
         workdir=workdir,
         stack_name=args.stack_name,

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpujobs.contract import CHECKPOINT_COMMITTED
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
-from gpujobs_local.cli import _DropMetricLines
 from gpujobs_local.cloud import Delivery
-from gpujobs_local.session import ROOT, LocalSession, local_session
+from gpujobs_local.session import LocalSession, local_session
+from gpujobs_local.stack import ROOT
+from gpujobs_local.story import MetricLineFilter, Story, story_parser
 
 TRAIN = ROOT / "training_image" / "examples" / "digits" / "train.py"
 STEPS = 400
@@ -60,20 +62,9 @@ def demo_spec(*, nodes: int) -> dict[str, Any]:
 
 
 @dataclass
-class Story:
-    out: TextIO | None
-    started: float = field(default_factory=time.monotonic)
-    lines: list[str] = field(default_factory=list)
-
-    def say(self, text: str) -> None:
-        line = f"[{time.monotonic() - self.started:5.1f}s] {text}"
-        self.lines.append(line)
-        if self.out is not None:
-            print(line, file=self.out, flush=True)
-
-
-@dataclass
 class Demo:
+    """One run of the demo: submit, interrupt the spot instance mid-training, watch the job resume."""
+
     session: LocalSession
     story: Story
     nodes: int
@@ -84,17 +75,17 @@ class Demo:
     # ---- watching ---------------------------------------------------------------------------
     def on_delivery(self, delivery: Delivery) -> None:
         event = delivery.event or {}
-        if delivery.kind == "Checkpoint Committed":
+        if delivery.kind == CHECKPOINT_COMMITTED:
             detail = event.get("detail", {})
             seen = (int(detail.get("step", -1)), int(detail.get("attempt", 0)), str(detail.get("reason", "")))
             if seen not in self.checkpoints:
                 self.checkpoints.append(seen)
                 step = seen[0]
-                self.story.say(
+                self.story.step(
                     f"checkpoint committed at step {step} (attempt {detail.get('attempt')}, {detail.get('reason')})"
                 )
         elif delivery.error is not None:
-            self.story.say(f"{delivery.function} failed on {delivery.kind}: {delivery.error}")
+            self.story.step(f"{delivery.function} failed on {delivery.kind}: {delivery.error}")
 
     def job(self) -> Job:
         return self.session.job(self.job_id)
@@ -140,13 +131,13 @@ class Demo:
         from gpujobs.domain.job import job_id_for
 
         self.job_id = job_id_for(client_token=spec["client_token"], team=spec["team"], message_id=None)
-        self.story.say(
+        self.story.step(
             f"submitted {spec['name']} as {self.job_id}: {self.nodes} node(s) x 2 processes, {STEPS} steps on digits"
         )
         self.wait("the job to run", lambda: self.state() is JobState.RUNNING)
         first = self.job().current_attempt
         assert first is not None
-        self.story.say(
+        self.story.step(
             f"launched attempt 1: {len(first.instance_ids)} x {first.instance_type} in {first.zone}"
             f" ({first.market.value if first.market else '?'}) {', '.join(first.instance_ids)}"
         )
@@ -154,14 +145,14 @@ class Demo:
         victim = first.instance_ids[-1]
         warned_at = time.monotonic()
         self.session.runner.interrupt_spot(victim, notice_seconds=NOTICE_SECONDS)
-        self.story.say(
+        self.story.step(
             f"EC2: spot interruption warning for {victim} at step ~{self.progress(1)}"
             f" (terminates in {NOTICE_SECONDS:g} s)"
         )
         self.wait("the replacement attempt", lambda: (self.job().current_attempt or first).number >= 2)
         replacement = self.job().current_attempt
         assert replacement is not None
-        self.story.say(
+        self.story.step(
             f"replacement attempt {replacement.number} launched at once: {len(replacement.instance_ids)} x"
             f" {replacement.instance_type} in {replacement.zone}"
             f" ({replacement.market.value if replacement.market else '?'})"
@@ -171,11 +162,11 @@ class Demo:
         resumed_at = time.monotonic()
         # how far attempt 1 got: its last progress line or its last checkpoint, whichever is later
         stopped_at = max([self.progress(1)] + [step for step, attempt, _ in self.checkpoints if attempt == 1])
-        self.story.say(f"attempt {replacement.number} resumed from step {resumed.get('step')}")
+        self.story.step(f"attempt {replacement.number} resumed from step {resumed.get('step')}")
         self.wait("the job to finish", lambda: self.job().state.is_terminal, 150)
         final = self.job()
         result = self.result_line(replacement.number, "final") or {}
-        self.story.say(f"job {final.state.value}: held-out accuracy {result.get('accuracy')}")
+        self.story.step(f"job {final.state.value}: held-out accuracy {result.get('accuracy')}")
         return self.summary(final, resumed, result, stopped_at, resumed_at - warned_at)
 
     def summary(
@@ -208,22 +199,17 @@ class Demo:
             "steps_lost": (stopped_at - resumed_step) if isinstance(resumed_step, int) else None,
             "seconds_warning_to_resumed": round(warning_to_resumed, 1),
             "accuracy": result.get("accuracy"),
-            "total_seconds": round(time.monotonic() - self.story.started, 1),
+            "total_seconds": round(self.story.elapsed(), 1),
         }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpujobs local demo",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = story_parser(prog="gpujobs local demo", description=__doc__)
     parser.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="instances in the gang (default 1)")
-    parser.add_argument("--json", action="store_true", help="print one JSON summary object instead of the story")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
     out = sys.stdout
-    sys.stdout = _DropMetricLines(out)  # Powertools prints its cold-start metric line even when disabled
+    sys.stdout = MetricLineFilter(out)  # Powertools prints its cold-start metric line even when disabled
     try:
         return _run(args, out)
     finally:
@@ -234,13 +220,13 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     story = Story(out=None if args.json else out)
     with tempfile.TemporaryDirectory(prefix="gpujobs-demo-") as tmp:
         workdir = args.workdir or Path(tmp)
-        story.say(f"starting the local cloud (logs in {workdir})")
+        story.step(f"starting the local cloud (logs in {workdir})")
         with local_session(workdir=workdir) as session:
             summary = Demo(session=session, story=story, nodes=args.nodes).run()
     if args.json:
         print(json.dumps(summary, indent=2), file=out)
     else:
-        story.say(
+        story.step(
             f"summary: {summary['final_state']}, accuracy {summary['accuracy']}, steps lost {summary['steps_lost']},"
             f" {summary['seconds_warning_to_resumed']} s from warning to resumed, {summary['total_seconds']} s in all"
         )

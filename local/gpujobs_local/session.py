@@ -18,8 +18,8 @@ from gpujobs.domain.job import Job
 from gpujobs_local.cloud import LocalCloud
 from gpujobs_local.instances import InstanceRunner
 from gpujobs_local.ssm_agent import LocalSsmAgent
+from gpujobs_local.stack import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 LOCAL_INSTANCE_TYPES = ("g5.12xlarge", "g6.12xlarge", "g5.xlarge", "g6.xlarge", "c7i.large")
 """The local stack's allow-list: multi-GPU types, because the demo runs 2 processes per node."""
 

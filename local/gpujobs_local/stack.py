@@ -26,6 +26,7 @@ import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
+from gpujobs.contract import UP_STATES
 from gpujobs_local import template
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ class MotoStack:
 
     # ---- what a user would look at ---------------------------------------------------------
     def instances(self, **filters: str) -> list[dict[str, Any]]:
-        flt = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+        flt = [{"Name": "instance-state-name", "Values": list(UP_STATES)}]
         flt += [{"Name": f"tag:{k}", "Values": [v]} for k, v in filters.items()]
         pages = self.ec2.describe_instances(Filters=flt)["Reservations"]
         return [i for r in pages for i in r["Instances"]]

@@ -13,30 +13,16 @@ zone; a cancel terminates the instances.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
 import os
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Story:
-    def __init__(self, *, quiet: bool) -> None:
-        self.quiet = quiet
-        self.started = time.perf_counter()
-
-    def say(self, text: str = "") -> None:
-        if not self.quiet:
-            print(text, flush=True)
-
-    def step(self, title: str) -> None:
-        self.say(f"\n[{time.perf_counter() - self.started:5.1f}s] {title}")
+from gpujobs.contract import ATTEMPT_TAG, EC2_SOURCE, JOB_TAG, SPOT_INTERRUPTION_WARNING, TEAM_TAG
+from gpujobs_local.stack import ROOT, LambdaContext, MotoStack, load_function
+from gpujobs_local.story import Story, story_parser
 
 
 def cli(*argv: str) -> tuple[int, str]:
@@ -50,7 +36,7 @@ def cli(*argv: str) -> tuple[int, str]:
 
 
 def quietly(handler: Any) -> Any:
-    """The handler as Lambda runs it, minus its JSON log and metric lines on the demo's stdout."""
+    """The handler as Lambda runs it, minus its JSON log and metric lines on the tour's stdout."""
 
     def invoke(event: dict[str, Any], context: Any) -> Any:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -59,7 +45,7 @@ def quietly(handler: Any) -> Any:
     return invoke
 
 
-DEMO_ENV = {
+TOUR_ENV = {
     "AWS_ACCESS_KEY_ID": "demo",
     "AWS_SECRET_ACCESS_KEY": "demo",
     "AWS_DEFAULT_REGION": "us-east-1",
@@ -79,12 +65,11 @@ def no_g5_spot(params: dict[str, Any], **_: Any) -> None:
         raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no g5 spot"}}, "RunInstances")
 
 
-class Demo:
+class Tour:
     """The deployed stack on moto, the submit handler and the story told about them."""
 
     def __init__(self, story: Story) -> None:
         from gpujobs.adapters.dynamodb import DynamoJobStore
-        from gpujobs_local.stack import MotoStack
 
         self.story = story
         self.stack = MotoStack()
@@ -97,7 +82,6 @@ class Demo:
     def fresh_handler(self) -> Any:
         """A cold start: a new container with new clients (so newly registered hooks apply)."""
         from gpujobs.runtime import bootstrap
-        from gpujobs_local.stack import load_function
 
         bootstrap.reset()
         return quietly(load_function("submit").handler)
@@ -109,13 +93,13 @@ class Demo:
             self.story.say(f"    {src:>11} -> {entry.target.value:<9} {entry.reason.value}{detail[:110]}")
 
     def show_instances(self, job_id: str) -> list[dict[str, Any]]:
-        found = self.stack.instances(**{"gpujobs:job-id": job_id})
+        found = self.stack.instances(**{JOB_TAG: job_id})
         for inst in sorted(found, key=lambda i: i["AmiLaunchIndex"]):
             tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
             self.story.say(
                 f"    {inst['InstanceId']}  {inst['InstanceType']:<10} {inst['Placement']['AvailabilityZone']}"
                 f"  {inst.get('InstanceLifecycle', 'on-demand'):<9} rank {inst['AmiLaunchIndex']}"
-                f"  attempt {tags['gpujobs:attempt']}  team {tags['gpujobs:team']}"
+                f"  attempt {tags[ATTEMPT_TAG]}  team {tags[TEAM_TAG]}"
             )
         return found
 
@@ -167,7 +151,6 @@ class Demo:
 
     def duplicate_delivery(self) -> None:
         from gpujobs.domain.job import job_id_for
-        from gpujobs_local.stack import LambdaContext
 
         self.story.step("3. SQS delivers the same message twice")
         spec = {"name": "twice", "image": "r/i:1", "command": ["python", "t.py"], "instance_types": ["g6.xlarge"]}
@@ -178,7 +161,7 @@ class Demo:
             self.submit(self.stack.sqs_event(messages), LambdaContext())
         sqs.delete_message(QueueUrl=url, ReceiptHandle=messages[0]["ReceiptHandle"])
         job_id = job_id_for(client_token=None, team=None, message_id=messages[0]["MessageId"])
-        count = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
+        count = len(self.stack.instances(**{JOB_TAG: job_id}))
         self.story.say(f"  two deliveries -> one job {job_id}, {count} instance (RunInstances ran once)")
         self.summary["jobs"]["duplicate"] = {"job_id": job_id, "instances": count}
 
@@ -196,14 +179,12 @@ class Demo:
         self.summary["jobs"]["rejected"] = {"job_id": rejected.job_id, "problems": list(rejected.problems)}
 
     def spot_warning(self, job_id: str) -> None:
-        from gpujobs_local.stack import LambdaContext, load_function
-
         self.story.step(f"5. EC2 warns that the spot instance of {job_id} will be reclaimed in two minutes")
         job = self.store.get(job_id)
         (instance_id,) = job.instance_ids
         event = self.stack.eventbridge(
-            "aws.ec2",
-            "EC2 Spot Instance Interruption Warning",
+            EC2_SOURCE,
+            SPOT_INTERRUPTION_WARNING,
             {"instance-id": instance_id, "instance-action": "terminate"},
             resources=[f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"],
         )
@@ -233,7 +214,7 @@ class Demo:
         _, out = cli("cancel", job_id)
         self.story.say(f"  $ gpujobs cancel {job_id}  ->  {out.strip().splitlines()[0]}")
         self.stack.deliver(self.submit)
-        left = len(self.stack.instances(**{"gpujobs:job-id": job_id}))
+        left = len(self.stack.instances(**{JOB_TAG: job_id}))
         state = self.store.get(job_id).state.value
         self.story.say(f"  {job_id} {state}; instances left: {left}")
         self.summary["jobs"]["gang"]["after_cancel"] = {"state": state, "instances": left}
@@ -250,36 +231,30 @@ class Demo:
 
 
 def run(story: Story) -> dict[str, Any]:
-    os.environ.update(DEMO_ENV)
+    os.environ.update(TOUR_ENV)
     os.environ.pop("AWS_ENDPOINT_URL", None)
     from moto import mock_aws
 
     with mock_aws():
         story.step("Deploying the stack from template.yaml onto an in-process AWS (moto)")
-        demo = Demo(story)
-        stack = demo.stack
+        tour = Tour(story)
+        stack = tour.stack
         story.say(f"  table {stack.table}, queue + DLQ, bucket {stack.bucket}, bus {stack.bus},")
         story.say(f"  launch template {stack.launch_template}, subnets {', '.join(stack.subnets)} (us-east-1a, b)")
-        digits = demo.first_job()
-        gang = demo.gang_on_short_capacity()
-        demo.duplicate_delivery()
-        demo.bad_spec()
-        demo.spot_warning(digits)
-        demo.cancel(gang)
-        demo.subscriber_view()
-    demo.summary["total_seconds"] = round(time.perf_counter() - story.started, 2)
-    return demo.summary
+        digits = tour.first_job()
+        gang = tour.gang_on_short_capacity()
+        tour.duplicate_delivery()
+        tour.bad_spec()
+        tour.spot_warning(digits)
+        tour.cancel(gang)
+        tour.subscriber_view()
+    tour.summary["total_seconds"] = round(story.elapsed(), 2)
+    return tour.summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpujobs local tour",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON summary object instead of the story")
-    args = parser.parse_args(argv)
-    story = Story(quiet=args.json)
+    args = story_parser(prog="gpujobs local tour", description=__doc__).parse_args(argv)
+    story = Story(out=None if args.json else sys.stdout, spaced=True)
     summary = run(story)
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -6,12 +6,14 @@ what EventBridge (or SNS) would hand each function.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job
+from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState
 from gpujobs_local.stack import STACK, LambdaContext, MotoStack, load_function
 
@@ -159,6 +161,24 @@ def test_the_reconciler_repairs_a_lost_state_change(stack: MotoStack) -> None:
 
     assert result["repairs"]["lost state changes repaired"] == 1
     assert store(stack).get(job.job_id).current_attempt.gone == (iid,)  # type: ignore[union-attr]
+
+
+class NearlyTimedOut(LambdaContext):
+    def get_remaining_time_in_millis(self) -> int:
+        return 10_000
+
+
+def test_the_reconciler_leaves_launch_work_to_the_next_run_when_its_own_time_is_nearly_up(stack: MotoStack) -> None:
+    queued = Job.submitted(job_id="j-queued", spec=validate_spec(SPEC), now=datetime.now(UTC), message_id="m-1")
+    store(stack).create(queued)  # due a launch, as after a capacity refusal whose retry time has come
+
+    late = load_function("reconciler").handler({"source": "aws.scheduler"}, NearlyTimedOut())
+    assert late["repairs"]["launches deferred to the next run"] == 1
+    assert store(stack).get("j-queued").state is JobState.QUEUED
+    on_time = invoke("reconciler", {"source": "aws.scheduler"})
+
+    assert on_time["repairs"]["queued jobs retried"] == 1
+    assert store(stack).get("j-queued").state is JobState.RUNNING
 
 
 def test_an_actual_budget_breach_over_sns_holds_launches(stack: MotoStack) -> None:

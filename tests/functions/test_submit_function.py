@@ -198,3 +198,22 @@ def test_a_cancel_for_an_unknown_job_is_consumed_not_retried(stack: MotoStack, s
 
     assert response == {"batchItemFailures": []}
     assert stack.deliver(submit) == []
+
+
+def test_a_cost_cap_over_an_allowed_type_without_a_known_price_is_rejected(
+    stack: MotoStack, submit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpujobs.domain.job import job_id_for
+    from gpujobs.runtime import bootstrap
+
+    monkeypatch.setenv("ALLOWED_INSTANCE_TYPES", "g5.xlarge,g6e.12xlarge")  # the table has no g6e.12xlarge
+    bootstrap.reset()
+    capped_id = stack.send({**SPEC, "instance_types": ["g6e.12xlarge"], "max_cost_usd": 100})
+
+    (response,) = stack.deliver(submit)
+
+    assert response == {"batchItemFailures": []}
+    rejected = job(stack, job_id_for(client_token=None, team=None, message_id=capped_id))
+    assert rejected["state"] == "REJECTED"
+    assert any(p.startswith("max_cost_usd:") and "g6e.12xlarge" in p for p in rejected["problems"])
+    assert stack.instances() == []

@@ -84,6 +84,17 @@ def test_deleting_idle_alarms_removes_them_and_a_second_delete_is_harmless(aws: 
     assert cloudwatch.describe_alarms(AlarmNamePrefix="gpujobs-idle-")["MetricAlarms"] == []
 
 
+def test_the_idle_alarms_of_this_stack_are_listed_by_instance_and_no_others(aws: None) -> None:
+    cloudwatch = client("cloudwatch")
+    CloudWatchIdleAlarms(client=cloudwatch, stack_name=f"{STACK}-staging").create(
+        job_id="j-2", instance_ids=["i-0ccc"], below_percent=5, minutes=15
+    )
+    alarms = CloudWatchIdleAlarms(client=cloudwatch, stack_name=STACK)
+    alarms.create(job_id="j-1", instance_ids=["i-0aaa", "i-0bbb"], below_percent=5, minutes=15)
+
+    assert sorted(alarms.instance_ids()) == ["i-0aaa", "i-0bbb"]
+
+
 # --- checkpoint now over SSM ----------------------------------------------------------------------
 
 
@@ -123,13 +134,13 @@ def book(aws: None) -> DynamoBudgetBook:
 
 def test_a_team_gets_the_strictest_of_its_own_policy_and_the_stack_wide_one(book: DynamoBudgetBook) -> None:
     since = datetime(2026, 11, 20, tzinfo=UTC)
-    book.set_policy(BudgetPolicy(scope="vision", mode=BudgetMode.SPOT_ONLY, reason="forecast", period="2026-11"))
-    book.set_policy(BudgetPolicy(scope="all", mode=BudgetMode.HOLD, reason="actual", period="2026-11", since=since))
+    book.tighten(BudgetPolicy(scope="vision", mode=BudgetMode.SPOT_ONLY, reason="forecast", period="2026-11"))
+    hold = book.tighten(BudgetPolicy(scope="all", mode=BudgetMode.HOLD, reason="actual", period="2026-11", since=since))
 
     assert book.policy_for("vision") == BudgetPolicy(
         scope="all", mode=BudgetMode.HOLD, reason="actual", period="2026-11", since=since
     )
-    book.set_policy(BudgetPolicy(scope="all", mode=BudgetMode.NORMAL))
+    book.release(hold)
     assert book.policy_for("vision").mode is BudgetMode.SPOT_ONLY
     assert book.policy_for("speech") == BudgetPolicy(scope="all", mode=BudgetMode.NORMAL)
 
@@ -139,10 +150,10 @@ def test_a_team_without_any_policy_is_normal(book: DynamoBudgetBook) -> None:
 
 
 def test_only_scopes_that_are_not_normal_are_held(book: DynamoBudgetBook) -> None:
-    book.set_policy(BudgetPolicy(scope="vision", mode=BudgetMode.SPOT_ONLY))
-    book.set_policy(BudgetPolicy(scope="speech", mode=BudgetMode.HOLD))
-    book.set_policy(BudgetPolicy(scope="speech", mode=BudgetMode.NORMAL))  # lifted again
-    book.set_policy(BudgetPolicy(scope="all", mode=BudgetMode.NORMAL))
+    book.tighten(BudgetPolicy(scope="vision", mode=BudgetMode.SPOT_ONLY))
+    hold = book.tighten(BudgetPolicy(scope="speech", mode=BudgetMode.HOLD))
+    book.release(hold)  # lifted again
+    book.tighten(BudgetPolicy(scope="all", mode=BudgetMode.NORMAL))
 
     assert [(p.scope, p.mode) for p in book.held_scopes()] == [("vision", BudgetMode.SPOT_ONLY)]
 

@@ -552,7 +552,12 @@ def test_every_function_that_may_launch_gets_the_launch_permissions_submit_has()
             s["Resource"] == {"Fn::Sub": "${CheckpointBucket.Arn}/jobs/*"}
             for s in _allowing(statements, "s3:PutObject")
         )
-        for action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource"):
+        for action in (
+            "cloudwatch:PutMetricAlarm",
+            "cloudwatch:DeleteAlarms",
+            "cloudwatch:TagResource",
+            "cloudwatch:DescribeAlarms",
+        ):
             assert _allowing(statements, action), (logical_id, action)
         assert _allowing(statements, "ssm:SendCommand"), logical_id
 

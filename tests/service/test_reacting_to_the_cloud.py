@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
+from gpujobs.domain.effects import Outcome
 from gpujobs.domain.fate import PREEMPTED_EXIT_CODE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState, Reason
@@ -49,7 +50,7 @@ def test_a_spot_warning_checkpoints_and_resumes_on_a_replacement_in_another_pool
     reaction = world.reactions.spot_warning(old)
 
     # then the container is told to checkpoint and the replacement boots at once elsewhere
-    assert reaction.outcome == "interrupted"
+    assert reaction.outcome is Outcome.INTERRUPTED
     assert world.signaller.signals == [((old,), f"gpujobs-{job.job_id}-a1")]
     job = world.store.get(job.job_id)
     assert job.state is JobState.RUNNING
@@ -103,7 +104,7 @@ def test_the_same_warning_twice_or_a_warning_after_the_replacement_started_chang
 def test_a_warning_for_an_instance_that_is_not_ours_is_ignored(world: World) -> None:
     reaction = world.reactions.spot_warning("i-0123456789abcdef0")
     assert reaction.ignored
-    assert "not a gpujobs instance" in reaction.outcome
+    assert reaction.outcome is Outcome.NOT_OURS
 
 
 def test_a_warning_for_any_node_interrupts_the_whole_gang(world: World) -> None:
@@ -289,7 +290,8 @@ def test_an_idle_spot_job_is_checkpointed_then_terminated_then_stopped(world: Wo
 
     asked = world.reactions.idle_alarm(iid)
 
-    assert asked.outcome.startswith("stop requested (idle)")
+    assert asked.outcome is Outcome.STOP_REQUESTED
+    assert asked.detail.startswith("stop requested (idle)")
     assert world.signaller.signals[-1] == ((iid,), f"gpujobs-{job.job_id}-a1")
     assert world.compute.terminated == []  # nothing goes before the checkpoint is safe
 
@@ -437,7 +439,7 @@ def test_an_actual_breach_holds_the_team_and_stops_its_running_jobs_after_a_chec
         subject="AWS Budgets: gpujobs-gpujobs-team-vision has exceeded", message=ACTUAL_TEXT
     )
 
-    assert "1 running job(s)" in reaction.outcome
+    assert "1 running job(s)" in reaction.detail
     assert world.store.get(vision.job_id).stop_request is not None
     assert world.store.get(other.job_id).stop_request is None
     assert world.compute.terminated == []  # the checkpoint comes first

@@ -27,7 +27,8 @@ def test_the_domain_imports_nothing_from_aws_in_a_fresh_interpreter() -> None:
     code = (
         "import sys, gpujobs.domain.spec, gpujobs.domain.job, gpujobs.domain.states, gpujobs.domain.ladder,"
         " gpujobs.domain.rundoc, gpujobs.domain.budget, gpujobs.domain.budget_alerts, gpujobs.domain.cost,"
-        " gpujobs.domain.cost_anomaly; bad = [m for m in sys.modules if m.split('.')[0] in"
+        " gpujobs.domain.cost_anomaly, gpujobs.domain.fate, gpujobs.domain.effects, gpujobs.domain.decisions,"
+        " gpujobs.domain.launching; bad = [m for m in sys.modules if m.split('.')[0] in"
         " ('boto3', 'botocore', 'aws_lambda_powertools')]; print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
@@ -59,3 +60,18 @@ def test_the_cli_runs_without_loading_the_local_cloud() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+MODULE_LINE_LIMIT = 450
+"""A module past a few hundred lines is holding two ideas (STYLE.md); this is the hard ceiling."""
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    folders = ("layers", "local", "cli", "functions", "training_image/gpujobs_trainer")
+    sizes = {
+        path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert sizes
+    assert {path: lines for path, lines in sizes.items() if lines > MODULE_LINE_LIMIT} == {}

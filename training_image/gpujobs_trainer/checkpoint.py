@@ -15,20 +15,20 @@ Design choices, each from a failure seen or documented (see docs/training.md):
   before ``save`` returns, and an optimizer step pre-hook waits for the copy to finish.
 - torch.save's per-record CRC32 is skipped while DCP writes shards: torch.load never checks it,
   and computing it cost ~0.7 s per GB on one core (sizes in COMMIT.json guard truncation).
+
+What a checkpoint holds and how its shards are written live in `state_io`; this module decides when
+to save, commits, purges and restores.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import logging
-import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,19 +36,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future as TorchFuture
 
 from gpujobs_trainer.distributed import DistEnv
 from gpujobs_trainer.errors import CheckpointError
@@ -62,35 +56,12 @@ from gpujobs_trainer.layout import (
     steps_to_purge,
 )
 from gpujobs_trainer.rng import capture_rng_states, restore_rng_states
+from gpujobs_trainer.state_io import WRITER_THREADS, ShardWriter, TrainingState, optimizer_owned, snapshot_mutables
 from gpujobs_trainer.storage import CheckpointStore, S3Store, local_sizes, write_durably
 
+__all__ = ["CheckpointManager", "SaveResult", "TrainingState"]
+
 log = logging.getLogger("gpujobs_trainer")
-
-
-class TrainingState(Stateful):
-    """Model, optimizer and LR scheduler as one DCP Stateful (FQN-normalised by get_state_dict)."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-
-    def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state_dict["model"],
-            optim_state_dict=state_dict["optim"],
-        )
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state_dict["scheduler"])
 
 
 @dataclass(frozen=True)
@@ -100,75 +71,7 @@ class SaveResult:
     seconds: float
 
 
-# Several writer threads per rank (one file each) so that serialising one shard overlaps with
-# writing and fsyncing another; more threads than cores only add contention.
-WRITER_THREADS = max(1, min(4, os.cpu_count() or 1))
 CommitListener = Callable[[CommitMarker, str], None]
-
-
-class _Crc32Off:
-    """Turn torch.save's CRC32 off while at least one checkpoint write is running.
-
-    The switch is process-wide in torch: a user's own torch.save during a checkpoint write also
-    gets no CRC32, which torch.load ignores anyway (it never verifies it)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved = True
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._saved = torch.serialization.get_crc32_options()
-                torch.serialization.set_crc32_options(False)
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    torch.serialization.set_crc32_options(self._saved)
-
-
-_crc32_off = _Crc32Off()
-
-
-class ShardWriter(FileSystemWriter):
-    """DCP's FileSystemWriter (one file per writer thread, one fsync per file) without CRC32."""
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-        with _crc32_off():
-            return super().write_data(plan, planner)  # synchronous: the future is already done
-
-
-def _optimizer_owned(optimizer: torch.optim.Optimizer) -> set[int]:
-    """Storages that only ``optimizer.step()`` changes: parameters and optimizer state."""
-    tensors = [p for group in optimizer.param_groups for p in group["params"]]
-    tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
-    return {t.untyped_storage().data_ptr() for t in tensors if _plain(t) and t.numel() > 0}
-
-
-def _plain(tensor: torch.Tensor) -> bool:
-    """A dense tensor or parameter (not a DTensor or other subclass with its own storage rules)."""
-    return type(tensor) in (torch.Tensor, nn.Parameter) and tensor.layout == torch.strided
-
-
-def _snapshot_mutables(obj: Any, owned: set[int]) -> Any:
-    """A copy of a state dict that still shares tensors in ``owned`` storages (copied later, in the
-    background, before the next optimizer step) and copies everything else now (module buffers that
-    the next forward changes, scheduler and optimizer hyper-parameters)."""
-    if isinstance(obj, torch.Tensor):
-        if _plain(obj) and obj.numel() > 0 and obj.untyped_storage().data_ptr() in owned:
-            return obj
-        return obj.detach().clone()
-    if isinstance(obj, Mapping):
-        return {key: _snapshot_mutables(value, owned) for key, value in obj.items()}
-    if type(obj) in (list, tuple):
-        return type(obj)(_snapshot_mutables(value, owned) for value in obj)
-    return copy.deepcopy(obj)
 
 
 class CheckpointManager:
@@ -244,7 +147,7 @@ class CheckpointManager:
         if self.env.device.type == "cuda":
             # the staging stream must not read parameters that queued kernels still update
             torch.cuda.current_stream(self.env.device).synchronize()
-        payload = {"app": _snapshot_mutables(self.state.state_dict(), _optimizer_owned(self.state.optimizer))}
+        payload = {"app": snapshot_mutables(self.state.state_dict(), optimizer_owned(self.state.optimizer))}
         response = dcp_async_save(
             payload, storage_writer=self._writer(folder), process_group=self._group, async_stager=self._stager
         )

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpujobs_trainer.checkpoint import CheckpointManager, TrainingState
+from gpujobs_trainer.checkpoint import CheckpointManager
 from gpujobs_trainer.config import TrainerConfig
 from gpujobs_trainer.distributed import DistEnv, all_reduce_max, autocast, init_process_group_from_env
 from gpujobs_trainer.errors import (
@@ -35,6 +35,7 @@ from gpujobs_trainer.events import CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, Nul
 from gpujobs_trainer.interruption import ImdsClient, ImdsWatcher, StopFlags, install_signal_handlers
 from gpujobs_trainer.layout import CommitMarker, Reason
 from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
+from gpujobs_trainer.state_io import TrainingState
 from gpujobs_trainer.storage import open_store
 
 log = logging.getLogger("gpujobs_trainer")

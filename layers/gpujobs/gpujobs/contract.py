@@ -70,6 +70,8 @@ GONE_STATES = frozenset({"stopping", "stopped", "shutting-down", "terminated"})
 """The instance no longer runs its workload, or is about to stop running it: its attempt can be judged."""
 WORKLOAD_MAY_RUN_STATES = ("pending", "running", "stopping", "shutting-down")
 """Processes may still run on it (a reclaimed instance saves its checkpoint while shutting down)."""
+STOPPED_STATES = ("stopping", "stopped")
+"""Stopped, not terminated: its volumes stay and it can be started again."""
 UP_STATES = ("pending", "running")
 """Up or coming up: what a gang's rendezvous counts, and what an ended attempt must not have."""
 

@@ -1,4 +1,11 @@
-"""Budget policies in the jobs table: one small item per scope (a team, or "all")."""
+"""Budget policies in the jobs table: one small item per scope (a team, or "all").
+
+Two budget functions (or a budget function and the reconciler) may write one scope at once, so no
+write here is a read followed by a put. `tighten` is a put conditional on the stored mode and
+period (the rule of `domain.budget.may_replace`, so a late forecast never downgrades a hold within
+its period), and `release` is a put conditional on the stored policy being the one the reconciler
+read. The in-memory fake applies the same two conditions.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from gpujobs.contract import budget_name
-from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, replaceable_modes, strictest
 
 if TYPE_CHECKING:
     from types_boto3_budgets import BudgetsClient
@@ -35,22 +42,58 @@ class DynamoBudgetBook:
     def policy_for(self, team: str) -> BudgetPolicy:
         return strictest([self._get(team), self._get("all")], team)
 
-    def set_policy(self, policy: BudgetPolicy) -> None:
-        item: dict[str, AttributeValueTypeDef] = {
-            "pk": {"S": budget_pk(policy.scope)},
-            "sk": {"S": "BUDGET"},
-            "scope": {"S": policy.scope},
-            "mode": {"S": policy.mode.value},
-            "reason": {"S": policy.reason},
-            "period": {"S": policy.period},
+    def tighten(self, policy: BudgetPolicy) -> BudgetPolicy:
+        """One conditional put: `domain.budget.may_replace` written as a DynamoDB condition."""
+        modes = {f":m{i}": m for i, m in enumerate(replaceable_modes(policy.mode))}
+        values: dict[str, AttributeValueTypeDef] = {key: {"S": mode.value} for key, mode in modes.items()}
+        values |= {":period": {"S": policy.period}, ":none": {"S": ""}}
+        try:
+            self._ddb.put_item(
+                TableName=self._table,
+                Item=_item(policy),
+                ConditionExpression=(
+                    f"attribute_not_exists(pk) OR #mode IN ({', '.join(modes)})"
+                    " OR (#period <> :none AND #period < :period)"
+                ),
+                ExpressionAttributeNames={"#mode": "mode", "#period": "period"},
+                ExpressionAttributeValues=values,
+            )
+        except self._ddb.exceptions.ConditionalCheckFailedException:
+            return self._get(policy.scope) or policy  # the stricter policy in force (policies are never deleted)
+        self._register(policy.scope)
+        return policy
+
+    def release(self, policy: BudgetPolicy) -> bool:
+        """One conditional put: the stored item must still say what `policy` says, field by field."""
+        names = {"#mode": "mode", "#reason": "reason", "#period": "period"}
+        values: dict[str, AttributeValueTypeDef] = {
+            ":mode": {"S": policy.mode.value},
+            ":reason": {"S": policy.reason},
+            ":period": {"S": policy.period},
         }
-        if policy.since:
-            item["since"] = {"S": policy.since.isoformat()}
-        self._ddb.put_item(TableName=self._table, Item=item)
-        # The registry of scopes: one partition, a handful of items (the teams with budgets).
+        condition = "#mode = :mode AND #reason = :reason AND #period = :period AND "
+        if policy.since is None:
+            condition += "attribute_not_exists(since)"
+        else:
+            condition += "since = :since"
+            values[":since"] = {"S": policy.since.isoformat()}
+        try:
+            self._ddb.put_item(
+                TableName=self._table,
+                Item=_item(lifted(policy)),
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except self._ddb.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+    def _register(self, scope: str) -> None:
+        """The registry of scopes: one partition, a handful of items (the teams with budgets)."""
         self._ddb.put_item(
             TableName=self._table,
-            Item={"pk": {"S": SCOPES_PK}, "sk": {"S": f"SCOPE#{policy.scope}"}, "scope": {"S": policy.scope}},
+            Item={"pk": {"S": SCOPES_PK}, "sk": {"S": f"SCOPE#{scope}"}, "scope": {"S": scope}},
         )
 
     def held_scopes(self) -> list[BudgetPolicy]:
@@ -66,6 +109,20 @@ class DynamoBudgetBook:
         return found
 
 
+def _item(policy: BudgetPolicy) -> dict[str, AttributeValueTypeDef]:
+    item: dict[str, AttributeValueTypeDef] = {
+        "pk": {"S": budget_pk(policy.scope)},
+        "sk": {"S": "BUDGET"},
+        "scope": {"S": policy.scope},
+        "mode": {"S": policy.mode.value},
+        "reason": {"S": policy.reason},
+        "period": {"S": policy.period},
+    }
+    if policy.since:
+        item["since"] = {"S": policy.since.isoformat()}
+    return item
+
+
 def _policy(item: dict[str, AttributeValueTypeDef]) -> BudgetPolicy:
     since = item.get("since", {}).get("S")
     return BudgetPolicy(
@@ -78,7 +135,11 @@ def _policy(item: dict[str, AttributeValueTypeDef]) -> BudgetPolicy:
 
 
 class BudgetsApiCheck:
-    """Whether a held scope's AWS budget has room again (its limit was raised above actual spend)."""
+    """Whether a scope's AWS budget has room again: its actual spend is below its limit (raised, say).
+
+    The reconciler asks this only of a hold (`domain.budget.lifts_early`); a forecast's spot-only
+    policy lasts until its period rolls over whatever the budget says now.
+    """
 
     def __init__(self, *, budgets_client: BudgetsClient, sts_client: STSClient, stack_name: str) -> None:
         self._budgets = budgets_client
@@ -87,8 +148,6 @@ class BudgetsApiCheck:
         self._account: str | None = None
 
     def __call__(self, policy: BudgetPolicy) -> bool:
-        if policy.mode is not BudgetMode.HOLD:
-            return True  # a forecast warning lapses with its period; nothing to check
         if self._account is None:
             self._account = str(self._sts.get_caller_identity()["Account"])
         try:

@@ -51,3 +51,12 @@ class CloudWatchIdleAlarms:
         names = [idle_alarm_name(self._stack, iid) for iid in instance_ids]
         for start in range(0, len(names), 100):
             self._cw.delete_alarms(AlarmNames=names[start : start + 100])
+
+    def instance_ids(self) -> list[str]:
+        prefix = idle_alarm_name(self._stack, "i-")
+        ids: list[str] = []
+        for page in self._cw.get_paginator("describe_alarms").paginate(
+            AlarmNamePrefix=prefix, AlarmTypes=["MetricAlarm"]
+        ):
+            ids += [a["AlarmName"].removeprefix(idle_alarm_name(self._stack, "")) for a in page.get("MetricAlarms", [])]
+        return ids

@@ -1,7 +1,8 @@
 """The job store on DynamoDB: one item per job plus one small index item per instance.
 
 Every save is a transaction whose first write is conditional on the version that was read, so a
-lost race surfaces as ConcurrentUpdateError instead of a silent overwrite. The job item carries
+lost race (a failed condition, or a TransactionConflict with a concurrent transaction on the same
+item) surfaces as ConcurrentUpdateError instead of a silent overwrite or a crash. The job item carries
 `state` and `updated_at` for the sparse `ByState` index; instance items carry `instance_id` for the
 `ByInstance` index. Both lookups are queries; nothing here scans.
 """
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     Item = dict[str, AttributeValueTypeDef]
 
 JOB_SK = "JOB"
+LOST_RACE_CODES = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
+"""Cancellation reasons that mean another writer got there first: the version check failed, or
+another transaction was writing the same item at that moment. The service retries both."""
 
 
 def job_pk(job_id: str) -> str:
@@ -72,8 +76,8 @@ class DynamoJobStore:
         try:
             self._ddb.transact_write_items(TransactItems=writes)
         except self._ddb.exceptions.TransactionCanceledException as exc:
-            reasons = exc.response.get("CancellationReasons") or []
-            if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
+            codes = {reason.get("Code") for reason in exc.response.get("CancellationReasons") or []}
+            if codes & LOST_RACE_CODES:
                 raise ConcurrentUpdateError(job.job_id, job.version) from None
             raise
         return stored

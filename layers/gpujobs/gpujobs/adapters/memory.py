@@ -3,17 +3,21 @@
 Unit tests, the benchmarks and anything that must run without AWS use these. They are fakes, not
 mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and the
 compute fake can be told to refuse chosen pools with the EC2 error codes the launcher handles.
+Each fake also has `faults`, to make a chosen port call fail the next time(s) it is made, so tests
+can show that an effect which fails once is carried out later from the record.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from gpujobs.contract import LIVE_STATES
-from gpujobs.domain.budget import BudgetMode, BudgetPolicy, strictest
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
@@ -29,10 +33,51 @@ from gpujobs.service.ports import (
 )
 
 
+class InjectedFaultError(RuntimeError):
+    """A port call a test told to fail."""
+
+
+@dataclass
+class Faults:
+    """Port calls told to fail: `fail_next("terminate")` makes the next terminate raise."""
+
+    pending: Counter[str] = field(default_factory=Counter)
+    errors: dict[str, Exception] = field(default_factory=dict)
+    """The error a call raises instead of InjectedFaultError (a ConcurrentUpdateError, say)."""
+
+    def fail_next(self, call: str, *, times: int = 1, error: Exception | None = None) -> None:
+        self.pending[call] += times
+        if error is not None:
+            self.errors[call] = error
+
+    def check(self, call: str) -> None:
+        if self.pending[call] > 0:
+            self.pending[call] -= 1
+            raise self.errors.get(call) or InjectedFaultError(f"injected failure of {call}")
+
+
 class InMemoryJobStore:
+    """Atomic like a conditional write: concurrent saves (threads) serialize on a lock.
+
+    `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
+    `ByState` index, which is eventually consistent: `lag_index` freezes it at a moment so that a
+    test can show what a stale index read does. `on_get`, when set, runs after every read; a test
+    sleeps there to model the network time in which other writers get ahead."""
+
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
         self._instances: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.faults = Faults()
+        self.on_get: Callable[[], None] | None = None
+        self._index: dict[str, Job] | None = None
+
+    def lag_index(self) -> None:
+        """From now on, `list_by_state` answers as of this moment, until `catch_up_index`."""
+        self._index = dict(self._jobs)
+
+    def catch_up_index(self) -> None:
+        self._index = None
 
     def create(self, job: Job) -> Job:
         if job.job_id in self._jobs:
@@ -43,27 +88,33 @@ class InMemoryJobStore:
 
     def get(self, job_id: str) -> Job:
         try:
-            return self._jobs[job_id]
+            job = self._jobs[job_id]
         except KeyError:
             raise JobNotFoundError(job_id) from None
+        if self.on_get:
+            self.on_get()
+        return job
 
     def save(self, job: Job) -> Job:
-        current = self._jobs.get(job.job_id)
-        if current is None or current.version != job.version:
-            raise ConcurrentUpdateError(job.job_id, job.version)
-        stored = job.model_copy(update={"version": job.version + 1})
-        self._jobs[job.job_id] = stored
-        attempt = job.current_attempt
-        for iid in attempt.instance_ids if attempt else ():
-            self._instances[iid] = job.job_id
-        return stored
+        self.faults.check("save")
+        with self._lock:
+            current = self._jobs.get(job.job_id)
+            if current is None or current.version != job.version:
+                raise ConcurrentUpdateError(job.job_id, job.version)
+            stored = job.model_copy(update={"version": job.version + 1})
+            self._jobs[job.job_id] = stored
+            attempt = job.current_attempt
+            for iid in attempt.instance_ids if attempt else ():
+                self._instances[iid] = job.job_id
+            return stored
 
     def find_by_instance(self, instance_id: str) -> Job | None:
         job_id = self._instances.get(instance_id)
         return self._jobs[job_id] if job_id else None
 
     def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]:
-        jobs = sorted((j for j in self._jobs.values() if j.state is state), key=lambda j: j.updated_at, reverse=True)
+        indexed = self._jobs if self._index is None else self._index
+        jobs = sorted((j for j in indexed.values() if j.state is state), key=lambda j: j.updated_at, reverse=True)
         return jobs[:limit]
 
 
@@ -89,6 +140,7 @@ class FakeCompute:
     stopped: list[str] = field(default_factory=list)
     clock: FixedClock | None = None
     on_run: Callable[[LaunchRequest], None] | None = None
+    faults: Faults = field(default_factory=Faults)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _by_token: dict[str, list[str]] = field(default_factory=dict)
 
@@ -126,12 +178,14 @@ class FakeCompute:
         ]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
+        self.faults.check("terminate")
         for iid in instance_ids:
             if iid in self.instances:
                 self.instances[iid].state = "terminated"
                 self.terminated.append(iid)
 
     def stop(self, instance_ids: Sequence[str]) -> None:
+        self.faults.check("stop")
         for iid in instance_ids:
             if iid in self.instances:
                 self.instances[iid].state = "stopped"
@@ -193,14 +247,21 @@ class RecordingSignaller:
 class InMemoryIdleAlarms:
     alarms: dict[str, tuple[str, float, int]] = field(default_factory=dict)
     """instance id -> (job id, below percent, minutes)"""
+    faults: Faults = field(default_factory=Faults)
 
     def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
+        self.faults.check("create")
         for iid in instance_ids:
             self.alarms[iid] = (job_id, below_percent, minutes)
 
     def delete(self, *, instance_ids: Sequence[str]) -> None:
+        self.faults.check("delete")
         for iid in instance_ids:
             self.alarms.pop(iid, None)
+
+    def instance_ids(self) -> list[str]:
+        self.faults.check("instance_ids")
+        return list(self.alarms)
 
 
 @dataclass
@@ -211,7 +272,21 @@ class InMemoryBudgetBook:
         return strictest([self.policies.get(team), self.policies.get("all")], team)
 
     def set_policy(self, policy: BudgetPolicy) -> None:
+        """Seed a scope's policy as given, unconditionally (tests start from a known policy)."""
         self.policies[policy.scope] = policy
+
+    def tighten(self, policy: BudgetPolicy) -> BudgetPolicy:
+        stored = self.policies.get(policy.scope)
+        if stored is None or may_replace(stored, policy):
+            self.policies[policy.scope] = policy
+            return policy
+        return stored
+
+    def release(self, policy: BudgetPolicy) -> bool:
+        if self.policies.get(policy.scope) != policy:
+            return False
+        self.policies[policy.scope] = lifted(policy)
+        return True
 
     def held_scopes(self) -> list[BudgetPolicy]:
         return [p for p in self.policies.values() if p.mode is not BudgetMode.NORMAL]
@@ -225,3 +300,7 @@ class TablePrices:
 
     def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:  # noqa: ARG002
         return self.table.get((instance_type, market.value))
+
+    @property
+    def on_demand_table(self) -> dict[str, float]:
+        return {t: price for (t, market), price in self.table.items() if market == Market.ON_DEMAND.value}

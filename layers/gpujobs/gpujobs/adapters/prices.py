@@ -4,7 +4,8 @@ Caps need the right order of magnitude, and when unsure they must err high. So:
 - On-demand prices come from `gpujobs/data/ondemand_prices.json`, us-east-1 Linux list prices for
   the stack's default allow-list, read once. The Pricing API is not used: it answers from only two
   regions, returns kilobytes of JSON per type, and would need one more IAM grant. A type missing
-  from the table has no price (None).
+  from the table has no price here (None); a cost cap then counts it at the highest price of its
+  family (`domain.cost.price_erring_high`), and submit refuses a `max_cost_usd` over such a type.
 - Spot prices come from `describe_spot_price_history` at "now" for the zone, cached per (type, zone)
   for ten minutes (spot prices move slowly, and the reconciler asks for every job on every run).
   When EC2 knows no spot price, or cannot be asked, the on-demand price stands in.
@@ -12,10 +13,10 @@ Caps need the right order of magnitude, and when unsure they must err high. So:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from functools import cached_property
 from importlib import resources
 from typing import TYPE_CHECKING, cast
 
@@ -40,17 +41,23 @@ class _UtcClock:
         return datetime.now(UTC)
 
 
+@functools.cache
+def packaged_on_demand_prices() -> dict[str, float]:
+    """Instance type -> on-demand USD per hour, from the packaged table, read once per process."""
+    text = resources.files("gpujobs").joinpath(PRICE_TABLE).read_text(encoding="utf-8")
+    return {name: float(price) for name, price in json.loads(text)["prices"].items()}
+
+
 class Ec2Prices:
     def __init__(self, *, client: EC2Client, clock: Clock | None = None) -> None:
         self._ec2 = client
         self._clock: Clock = clock or _UtcClock()
         self._spot: dict[tuple[str, str | None], tuple[datetime, float | None]] = {}
 
-    @cached_property
+    @property
     def on_demand_table(self) -> dict[str, float]:
         """Instance type -> USD per hour, from the packaged table."""
-        text = resources.files("gpujobs").joinpath(PRICE_TABLE).read_text(encoding="utf-8")
-        return {name: float(price) for name, price in json.loads(text)["prices"].items()}
+        return packaged_on_demand_prices()
 
     def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
         on_demand = self.on_demand_table.get(instance_type)

@@ -4,6 +4,13 @@ A scope is a team, or "all" for the whole stack. Its policy says how its launche
 (`BudgetMode`) and for which monthly period; a team's launches follow the strictest of its own
 policy and the stack-wide one. The alert text that sets a policy is read in `budget_alerts`; the
 store that keeps policies is a service port (`BudgetBook`).
+
+Two rules keep a policy from being relaxed by accident. A new alert's policy replaces the stored
+one only when it is at least as strict, or when the stored one belongs to an earlier period
+(`may_replace`): a late forecast never turns a hold into spot-only within its month, whichever of
+two racing functions writes last, because the store applies the rule as a conditional write. And
+only a hold is ever lifted early, when the budget has room again (`lifts_early`); spot-only after
+a forecast lasts until its period rolls over, since a forecast says nothing a raised limit undoes.
 """
 
 from __future__ import annotations
@@ -42,6 +49,35 @@ class BudgetPolicy:
     period: str = ""
     """The budget period the mode applies to (e.g. 2026-11); it lapses when the period rolls over."""
     since: datetime | None = None
+
+
+def replaceable_modes(mode: BudgetMode) -> tuple[BudgetMode, ...]:
+    """The stored modes a new policy of `mode` may replace within the same period: those no stricter."""
+    return tuple(m for m in BudgetMode if _SEVERITY[m] <= _SEVERITY[mode])
+
+
+def may_replace(stored: BudgetPolicy, new: BudgetPolicy) -> bool:
+    """Whether `new` may overwrite `stored`: it is at least as strict, or `stored` is of an earlier period.
+
+    Periods compare as text (`2026-11` < `2026-12`), exactly as the store's conditional write
+    compares them; a stored policy without a period is only ever replaced by one at least as strict.
+    """
+    return stored.mode in replaceable_modes(new.mode) or (bool(stored.period) and new.period > stored.period)
+
+
+def lifts_early(policy: BudgetPolicy) -> bool:
+    """Whether the policy may be lifted before its period rolls over, once the budget has room again."""
+    return policy.mode is BudgetMode.HOLD
+
+
+def lifted(policy: BudgetPolicy) -> BudgetPolicy:
+    """The scope's policy once `policy` is lifted: NORMAL, which any later alert may replace."""
+    return BudgetPolicy(scope=policy.scope, mode=BudgetMode.NORMAL)
+
+
+def hold_over(team: str, policies: Iterable[BudgetPolicy]) -> BudgetPolicy | None:
+    """The hold among `policies` that covers a team's jobs (its own scope's, or the stack-wide one)."""
+    return next((p for p in policies if p.mode is BudgetMode.HOLD and p.scope in (team, ALL_SCOPE)), None)
 
 
 def strictest(policies: Iterable[BudgetPolicy | None], team: str) -> BudgetPolicy:

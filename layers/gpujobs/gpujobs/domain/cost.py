@@ -3,6 +3,10 @@
 Pure arithmetic over the job's attempts. Prices come in as an argument, one hourly price per pool
 the job was billed in (`billed_pools`), so the caller decides where prices come from and looks
 each pool up once.
+
+A cap must err high, never low: a type missing from the price table (a new size, a table not yet
+refreshed) counts at the highest known price of its family, else at the highest known price of
+all (`price_erring_high`), never at $0, which would let the job run forever under its cap.
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ def billed_pools(job: Job) -> set[BilledPool]:
 
 
 def cost_of(job: Job, now: datetime, hourly_usd: Mapping[BilledPool, float | None]) -> float:
-    """Instance-hours times the hourly price of each attempt's pool; an unknown price counts as zero.
+    """Instance-hours times the hourly price of each attempt's pool.
 
-    An attempt without a recorded market was launched on demand.
+    A pool missing from `hourly_usd` counts as zero here, so callers price every pool of
+    `billed_pools`, erring high (`price_erring_high`) where a price is unknown. An attempt without a
+    recorded market was launched on demand.
     """
     total = 0.0
     for attempt in job.attempts:
@@ -50,6 +56,27 @@ def cost_of(job: Job, now: datetime, hourly_usd: Mapping[BilledPool, float | Non
         hours = ((attempt.ended_at or now) - attempt.started_at).total_seconds() / 3600
         total += hours * len(attempt.instance_ids) * (hourly_usd.get(pool) or 0.0)
     return total
+
+
+class UnpricedError(LookupError):
+    """No price is known at all, so nothing can stand in for a missing one."""
+
+
+def instance_family(instance_type: str) -> str:
+    """`p5` for `p5.48xlarge` (and `p5e` for `p5e.48xlarge`, a family of its own)."""
+    return instance_type.partition(".")[0]
+
+
+def price_erring_high(instance_type: str, known: Mapping[str, float]) -> float:
+    """The known price of the type; for a type missing from `known`, the highest known price of its
+    family, else the highest known price of all. UnpricedError when `known` is empty."""
+    if instance_type in known:
+        return known[instance_type]
+    family = instance_family(instance_type)
+    kin = [price for name, price in known.items() if instance_family(name) == family]
+    if kin or known:
+        return max(kin or known.values())
+    raise UnpricedError(f"no price is known for {instance_type}, nor for any other type")
 
 
 def _pool_of(attempt: Attempt) -> BilledPool | None:

@@ -98,7 +98,8 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
     verdict = judgement.verdict
     if verdict is Verdict.SUCCEEDED:
         return Move(((JobState.SUCCEEDED, Reason.COMPLETED),), relaunch=False)
-    if verdict is Verdict.STOPPED:
+    if verdict is Verdict.STOPPED or job.stop_request is not None:
+        # A policy stop under way ends the job whatever took the instances: a reclaim, a crash.
         assert job.stop_request is not None
         return Move(((JobState.STOPPED, job.stop_request.reason),), relaunch=False)
     if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED:

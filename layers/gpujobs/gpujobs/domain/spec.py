@@ -4,7 +4,8 @@ The model is the single source of truth for the rules: `gpujobs schema` prints t
 generated from it and `gpujobs validate` reports its errors. Unknown fields are rejected so that a
 typo (`gpu_per_node`) is an error instead of a silently ignored setting. The stack's instance-type
 allow-list is deployment configuration, so it is checked against a validation context rather than
-being baked into the model.
+being baked into the model; so is the set of instance types with a known price, which a
+`max_cost_usd` needs.
 """
 
 from __future__ import annotations
@@ -126,6 +127,20 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{', '.join(refused)} not in this stack's allow-list ({', '.join(sorted(allowed))})")
         return types
 
+    @field_validator("max_cost_usd")
+    @classmethod
+    def _priced_types(cls, cap: float | None, info: ValidationInfo) -> float | None:
+        priced = (info.context or {}).get("priced_instance_types")
+        if cap is None or priced is None:
+            return cap
+        unpriced = [t for t in info.data.get("instance_types", ()) if t not in priced]
+        if unpriced:
+            raise ValueError(
+                f"cannot be enforced: no price is known for {', '.join(unpriced)}; "
+                "drop max_cost_usd or choose instance types with a known price"
+            )
+        return cap
+
 
 _PATTERN_RULES = {
     NAME_PATTERN: "lowercase letters, digits and '-', 1 to 63 characters, starting with a letter",
@@ -188,9 +203,19 @@ def parse_document(text: str | bytes) -> Mapping[str, Any]:
     return data
 
 
-def validate_spec(data: Mapping[str, Any], *, allowed_instance_types: Iterable[str] | None = None) -> JobSpec:
-    """Validate a parsed document against the spec and, when given, the stack's allow-list."""
-    context = {} if allowed_instance_types is None else {"allowed_instance_types": frozenset(allowed_instance_types)}
+def validate_spec(
+    data: Mapping[str, Any],
+    *,
+    allowed_instance_types: Iterable[str] | None = None,
+    priced_instance_types: Iterable[str] | None = None,
+) -> JobSpec:
+    """Validate a parsed document against the spec and, when given, the stack's allow-list and the
+    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced)."""
+    context: dict[str, frozenset[str]] = {}
+    if allowed_instance_types is not None:
+        context["allowed_instance_types"] = frozenset(allowed_instance_types)
+    if priced_instance_types is not None:
+        context["priced_instance_types"] = frozenset(priced_instance_types)
     try:
         return JobSpec.model_validate(data, context=context)
     except ValidationError as exc:

@@ -22,6 +22,7 @@ from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
+from gpujobs.adapters.prices import packaged_on_demand_prices
 from gpujobs.adapters.s3 import S3BlobStore
 from gpujobs.runtime.settings import Need, Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
@@ -96,6 +97,7 @@ def build_job_service(settings: Settings) -> JobService:
             event_bus_name=settings.event_bus_name,
             region=settings.region,
             allowed_instance_types=settings.allowed_instance_types,
+            priced_instance_types=frozenset(packaged_on_demand_prices()),
         ),
         render_user_data=render_user_data_lazily,
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),

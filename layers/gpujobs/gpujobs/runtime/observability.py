@@ -56,7 +56,7 @@ tracer = make_tracer()
 def report(reaction: Reaction, **context: object) -> None:
     """Log what a reaction did and count its metrics: the one way every handler reports."""
     job = reaction.job
-    fields: dict[str, object] = {"outcome": reaction.outcome, **context}
+    fields: dict[str, object] = {"outcome": reaction.outcome.value, "detail": reaction.detail, **context}
     if job is not None:
         fields.update(job_id=job.job_id, state=job.state.value, version=job.version)
     logger.info("ignored" if reaction.ignored else "reacted", extra=fields)

@@ -1,9 +1,10 @@
 """Use cases of the control plane core: submit, launch, cancel.
 
-Each follows the same shape: load the job, decide (pure domain), write the decision to the store
-conditionally on the version read, then act on AWS, then publish what changed. A lost race is not
-an error to the caller: the loser reloads and sees what the winner did. A redelivered message maps
-to the same deterministic job id, so it can never create a second job or a second set of instances.
+Each follows the same shape (`service.changes`): load the job, decide (pure, `domain.launching`),
+write the decision conditionally on the version read, publish what changed, then act on AWS. A lost
+race is not an error to the caller: the loser decides again on the fresh record. A redelivered
+message maps to the same deterministic job id, so it can never create a second job or a second set
+of instances.
 """
 
 from __future__ import annotations
@@ -13,22 +14,24 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from gpujobs.contract import placement_group_name
-from gpujobs.domain.budget import BudgetMode, BudgetPolicy
+from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
 from gpujobs.domain.ladder import Rung, SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.launching import Gang, cancel, claim_launch, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.domain.spec import TEAM_PATTERN, JobSpec, SpecError, parse_document, validate_spec
 from gpujobs.domain.states import JobState, Reason
+from gpujobs.service.changes import Actuator, Applied, Backoff, change, publish_changes, wants_launch
 from gpujobs.service.ports import (
     BlobStore,
     BudgetBook,
     CapacityError,
     Clock,
     Compute,
-    ConcurrentUpdateError,
     EventPublisher,
     IdleAlarms,
     JobExistsError,
@@ -36,18 +39,10 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
-    StateChanged,
+    Signaller,
 )
 
 log = logging.getLogger(__name__)
-
-LAUNCH_LEASE = timedelta(seconds=120)
-"""How long a launcher owns a LAUNCHING attempt before a retry may take it over.
-
-Shorter than the queue's visibility timeout, so a message redelivered after a crashed launch finds
-the lease expired and finishes the launch (adopting any instances the crashed one started).
-"""
-MAX_RACE_RETRIES = 5
 
 
 @dataclass(frozen=True)
@@ -56,6 +51,8 @@ class LaunchConfig:
     event_bus_name: str
     region: str
     allowed_instance_types: tuple[str, ...] = ()
+    priced_instance_types: frozenset[str] | None = None
+    """Types with a known price; a spec with `max_cost_usd` over any other type is refused."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +77,20 @@ class JobService:
     budgets: BudgetBook
     alarms: IdleAlarms
     jitter: Callable[[], float] = field(default=random.random)
+    backoff: Backoff = field(default_factory=Backoff)
+
+    # ---- the one way to change a job ----------------------------------------------------------
+    def change(self, job_id: str, decide: Callable[[Job], Decision]) -> Applied:
+        """Load, decide, write conditionally (retrying lost races) and publish; act with `act()`."""
+        return change(self.store, job_id, decide, backoff=self.backoff, publisher=self.publisher)
+
+    def act(self, applied: Applied, *, signaller: Signaller | None = None) -> Job:
+        """Carry out the decision's effects; a due launch comes last and its result is returned."""
+        self.carry_out(applied.decision.effects, signaller=signaller)
+        return self.launch(applied.after.job_id) if wants_launch(applied.decision) else applied.after
+
+    def carry_out(self, effects: Sequence[Effect], *, signaller: Signaller | None = None) -> None:
+        Actuator(self.compute, self.alarms, signaller).carry_out(effects)
 
     # ---- submit ---------------------------------------------------------------------------
     def handle_message(self, body: str, *, message_id: str) -> SubmitOutcome:
@@ -88,7 +99,11 @@ class JobService:
             document = parse_document(body)
             if set(document) == {"cancel_job_id"}:
                 return SubmitOutcome(self.cancel(str(document["cancel_job_id"])), created=False)
-            spec = validate_spec(document, allowed_instance_types=self.config.allowed_instance_types or None)
+            spec = validate_spec(
+                document,
+                allowed_instance_types=self.config.allowed_instance_types or None,
+                priced_instance_types=self.config.priced_instance_types,
+            )
         except SpecError as exc:
             return self._reject(body, exc.problems, message_id=message_id)
         return self.submit(spec, message_id=message_id)
@@ -123,25 +138,22 @@ class JobService:
     # ---- launch ---------------------------------------------------------------------------
     def launch(self, job_id: str) -> Job:
         """Start (or take over) a launch for a job that is due one; a no-op for any other job."""
-        for _ in range(MAX_RACE_RETRIES):
-            job = self.store.get(job_id)
-            policy = self.budgets.policy_for(job.team) if job.spec else None
-            claimed = self._claim_launch(job, self.clock.now(), policy)
-            if claimed is None:
-                return job
-            try:
-                owned = self.store.save(claimed)
-            except ConcurrentUpdateError:
-                continue
-            self.publish_changes(job, owned)
-            if owned.state is not JobState.LAUNCHING:  # held by the budget
-                return owned
-            try:
-                return self._walk_ladder(owned, spot_only=policy is not None and policy.mode is BudgetMode.SPOT_ONLY)
-            except Exception:
-                self._release_lease(owned)
-                raise
-        return self.store.get(job_id)
+        applied = self.change(job_id, lambda job: claim_launch(job, now=self.clock.now(), hold=self._hold(job)))
+        owned = applied.after
+        if applied.decision.outcome is not Outcome.LAUNCH_CLAIMED:  # not due, or held by the budget
+            return owned
+        try:
+            return self._walk_ladder(owned, spot_only=self.budgets.policy_for(owned.team).mode is BudgetMode.SPOT_ONLY)
+        except Exception:
+            self._release_lease(owned)
+            raise
+
+    def _hold(self, job: Job) -> str | None:
+        """Why the budget holds this job's launches, or None when it does not."""
+        policy = self.budgets.policy_for(job.team) if job.spec else None
+        if policy is None or policy.mode is not BudgetMode.HOLD:
+            return None
+        return f"budget hold ({policy.scope}): {policy.reason}".strip()
 
     def _release_lease(self, job: Job) -> None:
         """After an unexpected error (a throttled RunInstances, say), let the retry take over at once
@@ -154,42 +166,6 @@ class JobService:
             self.store.save(job.with_attempt(released, now=self.clock.now()))
         except Exception:
             log.warning("could not release the launch lease of %s", job.job_id, exc_info=True)
-
-    def _claim_launch(self, job: Job, now: datetime, policy: BudgetPolicy | None) -> Job | None:
-        attempt = job.current_attempt
-        if job.state is JobState.QUEUED:
-            if job.next_try_at and job.next_try_at > now:
-                return None
-            reason = Reason.LAUNCH_STARTED
-        elif job.state is JobState.INTERRUPTED:
-            reason = Reason.REPLACEMENT_LAUNCHING
-        elif (
-            job.state is JobState.LAUNCHING and attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now
-        ):
-            reason = Reason.LAUNCH_STARTED
-        else:
-            return None
-        if policy is not None and policy.mode is BudgetMode.HOLD:
-            hold = f"budget hold ({policy.scope}): {policy.reason}".strip()
-            if job.state is JobState.QUEUED and job.hold_reason == hold:
-                return None
-            if job.state is JobState.LAUNCHING and attempt is not None:
-                job = job.with_attempt(
-                    attempt.model_copy(update={"ended_at": now, "end_reason": Reason.BUDGET_HOLD.value}), now=now
-                )
-            return job.transition(JobState.QUEUED, Reason.BUDGET_HOLD, now=now, detail=hold, hold_reason=hold)
-        if job.state is JobState.LAUNCHING and attempt is not None:
-            renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
-            return job.with_attempt(renewed, now=now)
-        fresh = Attempt(
-            number=len(job.attempts) + 1,
-            started_at=now,
-            resume_from_step=job.checkpoint_step,
-            lease_expires_at=now + LAUNCH_LEASE,
-        )
-        return job.with_attempt(fresh, now=now).transition(
-            JobState.LAUNCHING, reason, now=now, next_try_at=None, hold_reason=None
-        )
 
     def _walk_ladder(self, job: Job, *, spot_only: bool = False) -> Job:
         spec, attempt = job.require_spec(), job.current_attempt
@@ -271,124 +247,52 @@ class JobService:
         subnet_id: str | None,
         tries: tuple[LaunchTry, ...],
     ) -> Job:
-        now = self.clock.now()
         first = launched[0]
-        attempt = job.current_attempt
-        assert attempt is not None
-        updated = attempt.model_copy(
-            update={
-                "instance_ids": tuple(i.instance_id for i in sorted(launched, key=lambda i: i.launch_index)),
-                "instance_type": first.instance_type,
-                "zone": first.zone,
-                "subnet_id": subnet_id,
-                "market": first.market,
-                "tries": tries,
-                "lease_expires_at": None,
-            }
+        ordered = sorted(launched, key=lambda i: i.launch_index)
+        gang = Gang(tuple(i.instance_id for i in ordered), first.instance_type, first.zone, first.market, subnet_id)
+        number = self._attempt_number(job)
+        applied = self.change(
+            job.job_id,
+            lambda current: record_launch(current, attempt_number=number, gang=gang, tries=tries, now=self.clock.now()),
         )
-        detail = f"{len(launched)} x {first.instance_type} {first.market} in {first.zone}"
-        candidate = job.with_attempt(updated, now=now).transition(
-            JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=now, detail=detail
-        )
-        try:
-            saved = self.store.save(candidate)
-        except ConcurrentUpdateError:
-            # Someone moved the job while we launched (a cancel, most likely). The instances must
-            # not outlive a job that no longer wants them.
-            current = self.store.get(job.job_id)
-            if current.state is not JobState.LAUNCHING:
-                self.compute.terminate([i.instance_id for i in launched])
-            return current
-        self.publish_changes(job, saved)
-        if spec_wants_idle_alarms(saved):
-            spec = saved.require_spec()
-            self.alarms.create(
-                job_id=saved.job_id,
-                instance_ids=[i.instance_id for i in launched],
-                below_percent=spec.idle.gpu_util_below_percent,
-                minutes=spec.idle.for_minutes,
-            )
-        return saved
+        return self.act(applied)
 
     def _end_launch(self, job: Job, tries: list[LaunchTry], target: JobState, reason: Reason, detail: str) -> Job:
-        now = self.clock.now()
+        number = self._attempt_number(job)
+
+        def decide(current: Job) -> Decision:
+            now = self.clock.now()
+            retry_at = None
+            if target is JobState.QUEUED:
+                retry_at = next_try_at(now, _capacity_failures_in_a_row(current), jitter=self.jitter())
+            return end_launch(
+                current,
+                attempt_number=number,
+                tries=tuple(tries),
+                target=target,
+                reason=reason,
+                detail=detail,
+                next_try_at=retry_at,
+                now=now,
+            )
+
+        return self.change(job.job_id, decide).after
+
+    @staticmethod
+    def _attempt_number(job: Job) -> int:
         attempt = job.current_attempt
         assert attempt is not None
-        ended = attempt.model_copy(
-            update={
-                "tries": tuple(tries),
-                "ended_at": now,
-                "end_reason": reason.value,
-                "lease_expires_at": None,
-            }
-        )
-        changes: dict[str, object] = {}
-        if target is JobState.QUEUED:
-            changes["next_try_at"] = next_try_at(now, _capacity_failures_in_a_row(job), jitter=self.jitter())
-        candidate = job.with_attempt(ended, now=now).transition(target, reason, now=now, detail=detail, **changes)
-        try:
-            saved = self.store.save(candidate)
-        except ConcurrentUpdateError:
-            return self.store.get(job.job_id)
-        self.publish_changes(job, saved)
-        return saved
+        return attempt.number
 
     # ---- cancel ---------------------------------------------------------------------------
     def cancel(self, job_id: str) -> Job:
         """Cancel a job and terminate every instance it still has. Cancelling twice is harmless."""
-        for _ in range(MAX_RACE_RETRIES):
-            job = self.store.get(job_id)
-            if job.state.is_terminal:
-                self._terminate_all(job)
-                return job
-            now = self.clock.now()
-            attempt = job.current_attempt
-            if attempt and not attempt.is_over:
-                job = job.with_attempt(
-                    attempt.model_copy(update={"ended_at": now, "end_reason": Reason.USER_CANCELLED.value}),
-                    now=now,
-                )
-            candidate = job.transition(JobState.CANCELLED, Reason.USER_CANCELLED, now=now)
-            try:
-                saved = self.store.save(candidate)
-            except ConcurrentUpdateError:
-                continue
-            self._terminate_all(saved)
-            self.publish_changes(job, saved)
-            return saved
-        raise ConcurrentUpdateError(job_id, -1)
-
-    def _terminate_all(self, job: Job) -> None:
-        live = [i.instance_id for i in self.compute.find_instances(job_id=job.job_id)]
-        if live:
-            self.compute.terminate(live)
+        return self.act(self.change(job_id, lambda job: cancel(job, now=self.clock.now())))
 
     # ---- events ---------------------------------------------------------------------------
     def publish_changes(self, before: Job | None, after: Job) -> None:
-        """Publish every transition `after` has that `before` had not. Never fails the caller:
-        the store is the source of truth and the event is a notification of it."""
-        seen = len(before.history) if before else 0
-        events = [
-            StateChanged(
-                job_id=after.job_id,
-                name=after.name,
-                team=after.team,
-                source=entry.source,
-                target=entry.target,
-                reason=entry.reason.value,
-                attempt=entry.attempt,
-                detail=entry.detail,
-                at=entry.at,
-                extra=_event_extra(after, entry.target),
-            )
-            for entry in after.history[seen:]
-        ]
-        if not events:
-            return
-        try:
-            self.publisher.publish(events)
-        except Exception:
-            log.exception("could not publish %d state events for %s", len(events), after.job_id)
+        """Publish every transition `after` has that `before` had not (never fails the caller)."""
+        publish_changes(self.publisher, before, after)
 
 
 def _identity_of(body: str) -> tuple[str | None, str | None]:
@@ -404,20 +308,6 @@ def _identity_of(body: str) -> tuple[str | None, str | None]:
     if not isinstance(team, str) or not re.fullmatch(TEAM_PATTERN, team):
         return None, None
     return token, team
-
-
-def _event_extra(job: Job, target: JobState) -> dict[str, object]:
-    attempt = job.current_attempt
-    if target is JobState.REJECTED:
-        return {"problems": list(job.problems)}
-    if target is JobState.RUNNING and attempt:
-        return {
-            "instance_ids": list(attempt.instance_ids),
-            "instance_type": attempt.instance_type,
-            "zone": attempt.zone,
-            "market": attempt.market.value if attempt.market else None,
-        }
-    return {}
 
 
 def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
@@ -446,11 +336,6 @@ def _attempt_being_reclaimed(job: Job, attempt: Attempt) -> int | None:
         if earlier.number < attempt.number and earlier.instance_ids:
             return earlier.number if earlier.interrupted_at is not None and not earlier.is_over else None
     return None
-
-
-def spec_wants_idle_alarms(job: Job) -> bool:
-    """GPU jobs get an idle alarm per instance (CPU smoke jobs have no GPU metric to watch)."""
-    return job.spec is not None and job.spec.gpus_per_node > 0
 
 
 def _capacity_failures_in_a_row(job: Job) -> int:

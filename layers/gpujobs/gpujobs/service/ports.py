@@ -6,7 +6,7 @@ shortage on purpose without knowing which implementation it talks to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -148,19 +148,33 @@ class IdleAlarms(Protocol):
 
     def delete(self, *, instance_ids: Sequence[str]) -> None: ...
 
+    def instance_ids(self) -> list[str]:
+        """The instances that have an idle alarm of this stack (the reconciler's sweep)."""
+
 
 class BudgetBook(Protocol):
     def policy_for(self, team: str) -> BudgetPolicy:
         """The strictest policy over the team's scope and "all"."""
 
-    def set_policy(self, policy: BudgetPolicy) -> None: ...
+    def tighten(self, policy: BudgetPolicy) -> BudgetPolicy:
+        """Record `policy` for its scope unless the stored one may not be replaced by it
+        (`domain.budget.may_replace`), as one conditional write; return the policy now in force."""
+
+    def release(self, policy: BudgetPolicy) -> bool:
+        """Set the scope back to NORMAL if its stored policy is still exactly `policy` (compare and
+        set, so a newer alert's policy is never lifted by a release decided on an older read)."""
 
     def held_scopes(self) -> list[BudgetPolicy]:
         """Every scope whose mode is not NORMAL."""
 
 
 class Prices(Protocol):
-    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None: ...
+    def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
+        """The price known for this pool, or None when nothing is known about the type."""
+
+    @property
+    def on_demand_table(self) -> Mapping[str, float]:
+        """Instance type -> on-demand USD per hour, for every type with a known price."""
 
 
 # ---- events, blobs, clock -------------------------------------------------------------------

@@ -5,22 +5,46 @@ Events are hints; this reads what is actually there (the active jobs by state, t
 record agree with it. Its cost grows with the number of active jobs and live instances, never with
 the table's history, and every repair goes through the same use cases the event handlers use, so a
 repair that races an event changes nothing twice.
+
+A run works in order of what a lost minute costs most:
+1. Budget policies: lapsed ones are lifted (a hold early when its budget has room again; spot-only
+   only when the period rolls over), and the holds in force are read once for the run.
+2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
+   that was still launching when the alert came is asked to stop once it runs), runtime and cost
+   caps, overdue heartbeats, then the attempt is settled.
+3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
+   state queries, so an instance that looks orphaned is terminated only if a consistent read of
+   its job agrees: a live gang is never killed from a stale view.
+4. Launch work, which may walk a capacity ladder: replacements of interrupted jobs, launches stuck
+   past their lease, then queued jobs whose next try is due, longest-waiting first. It stops while
+   `LAUNCH_WORK_RESERVE` of the run's deadline is left; what is left over waits for the next run,
+   so a crowd of queued jobs in a capacity crunch never starves the repairs above.
+
+It is also where level-triggered effects converge: each tick settles every RUNNING job, which
+issues a due policy stop again while its instances live; records instances EC2 shows stopping or
+stopped (a lost `stopped` event); recreates the idle alarms a RUNNING GPU job lacks and deletes
+those of attempts that are over. The stopped instances of a job that ended STOPPED are kept on
+purpose (an on-demand policy stop stops rather than terminates, so the disk stays for inspection
+and costs only its EBS volume); the orphan sweep leaves them alone, and a cancel message for the
+STOPPED job terminates them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
-from gpujobs.contract import UP_STATES
-from gpujobs.domain.budget import BudgetMode, BudgetPolicy, period_rolled_over
-from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, runtime_of
+from gpujobs.contract import GONE_STATES, STOPPED_STATES, UP_STATES
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
+from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
+from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, live_instances
 from gpujobs.domain.job import Job
+from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
-from gpujobs.service.ports import Prices, TaggedInstance
+from gpujobs.service.ports import JobNotFoundError, Prices, TaggedInstance
 from gpujobs.service.reactions import Reactions
 
 log = logging.getLogger(__name__)
@@ -29,6 +53,8 @@ ORPHAN_GRACE = timedelta(minutes=10)
 """An instance younger than this may belong to a launch whose record is being written."""
 HEARTBEAT_OVERDUE = timedelta(minutes=15)
 MAX_ACTIVE_JOBS = 5000
+LAUNCH_WORK_RESERVE = timedelta(seconds=30)
+"""Launch work starts only while this much of the run is left: one ladder walk fits in it."""
 
 
 @dataclass
@@ -37,12 +63,12 @@ class ReconcileReport:
     live_instances: int = 0
     repairs: Counter[str] = field(default_factory=Counter)
 
-    def count(self, what: str) -> None:
-        self.repairs[what] += 1
+    def count(self, what: str, n: int = 1) -> None:
+        self.repairs[what] += n
 
 
 BudgetCheck = Callable[[BudgetPolicy], bool]
-"""True when a held scope's budget has room again (the limit was raised); None-safe callers."""
+"""True when the budget of a held scope has room again (its limit was raised above the spend)."""
 
 
 @dataclass
@@ -51,63 +77,131 @@ class Reconciler:
     prices: Prices
     budget_has_room: BudgetCheck = field(default=lambda _policy: False)
 
-    def run(self) -> ReconcileReport:
+    def run(self, *, deadline: datetime | None = None) -> ReconcileReport:
+        """One pass; launch work stops `LAUNCH_WORK_RESERVE` before `deadline` (the Lambda's own)."""
         jobs = self.reactions.jobs
         now = jobs.clock.now()
         report = ReconcileReport()
-        self._release_budget_holds(now.date(), report)
-        active: dict[str, Job] = {}
-        for state in ACTIVE_STATES:
-            for job in jobs.store.list_by_state(state, limit=MAX_ACTIVE_JOBS):
-                active[job.job_id] = job
+        holds = self._budget_holds(now.date(), report)
+        active = self._active_jobs()
         instances = jobs.compute.list_instances()
         by_job: dict[str, list[TaggedInstance]] = defaultdict(list)
         for inst in instances:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
 
+        alarmed = self._alarmed_instances()
+        watched: set[str] = set()
         for job in active.values():
-            try:
-                self._repair(job, by_job.get(job.job_id, []), now, report)
-            except Exception:
-                log.exception("reconciling %s failed", job.job_id)
-                report.count("errors")
+            if job.state is JobState.RUNNING:
+                self._guarded(
+                    job,
+                    report,
+                    lambda j: watched.update(
+                        self._repair_running(
+                            j, live=by_job[j.job_id], now=now, holds=holds, alarmed=alarmed, report=report
+                        )
+                    ),
+                )
+        if alarmed is not None:
+            self._delete_leaked_alarms(alarmed - watched, report)
         self._terminate_orphans(instances, active, now, report)
+        work = _launch_work(active.values(), now)
+        for done, job in enumerate(work):
+            if deadline is not None and jobs.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
+                report.count("launches deferred to the next run", len(work) - done)
+                break
+            self._guarded(job, report, lambda j: self._launch(j, report))
         return report
 
-    # ---- per job ----------------------------------------------------------------------------------
-    def _repair(self, job: Job, live: list[TaggedInstance], now: datetime, report: ReconcileReport) -> None:
-        reactions, jobs = self.reactions, self.reactions.jobs
-        if job.state is JobState.QUEUED:
-            if job.next_try_at is None or job.next_try_at <= now:
-                launched = jobs.launch(job.job_id)
-                if launched.state is not JobState.QUEUED or launched.version != job.version:
-                    report.count("queued jobs retried")
-            return
-        if job.state is JobState.LAUNCHING:
-            attempt = job.current_attempt
-            if attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now:
-                jobs.launch(job.job_id)
-                report.count("stuck launches taken over")
-            return
-        if job.state is JobState.INTERRUPTED:
-            jobs.launch(job.job_id)
-            report.count("replacements launched")
-            return
-        # RUNNING: instances that are gone without a recorded event
-        live_ids = {i.instance_id for i in live}
+    def _active_jobs(self) -> dict[str, Job]:
+        """Every active job once, at the newest version any state query returned it."""
+        active: dict[str, Job] = {}
+        for state in ACTIVE_STATES:
+            for job in self.reactions.jobs.store.list_by_state(state, limit=MAX_ACTIVE_JOBS):
+                seen = active.get(job.job_id)
+                if seen is None or job.version > seen.version:
+                    active[job.job_id] = job
+        return active
+
+    def _alarmed_instances(self) -> set[str] | None:
+        """The instances with an idle alarm; None when they cannot be listed now (the alarm repairs
+        wait for the next tick, every other repair goes ahead)."""
+        try:
+            return set(self.reactions.jobs.alarms.instance_ids())
+        except Exception:
+            log.exception("could not list the idle alarms")
+            return None
+
+    @staticmethod
+    def _guarded(job: Job, report: ReconcileReport, repair: Callable[[Job], None]) -> None:
+        """One job's failure is logged and counted; the run goes on with the others."""
+        try:
+            repair(job)
+        except Exception:
+            log.exception("reconciling %s failed", job.job_id)
+            report.count("errors")
+
+    # ---- jobs that hold instances -----------------------------------------------------------------
+    def _repair_running(
+        self,
+        job: Job,
+        *,
+        live: list[TaggedInstance],
+        now: datetime,
+        holds: list[BudgetPolicy],
+        alarmed: set[str] | None,
+        report: ReconcileReport,
+    ) -> set[str]:
+        """Repair one RUNNING job; returns the instances whose idle alarms it wants kept."""
+        reactions = self.reactions
+        still_up = {i.instance_id for i in live if i.state not in GONE_STATES}
         for attempt in job.attempts:
             if attempt.is_over or not attempt.instance_ids:
                 continue
-            missing = [i for i in attempt.instance_ids if i not in live_ids and i not in attempt.gone]
-            if missing and reactions.record_gone(job.job_id, missing):
+            missing = tuple(i for i in attempt.instance_ids if i not in still_up and i not in attempt.gone)
+            if missing and reactions.record_gone(job.job_id, missing).outcome is Outcome.GONE_RECORDED:
                 report.count("lost state changes repaired")
-        current = jobs.store.get(job.job_id)
-        self._enforce_caps(current, now, report)
+        current = reactions.jobs.store.get(job.job_id)
+        self._enforce_caps(current, now, holds, report)
         self._check_heartbeat(current, now, report)
         settled = reactions.settle(job.job_id)
-        if not settled.outcome.startswith("nothing"):
+        if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
             report.count("attempts settled")
+        return self._ensure_alarms(settled.job or current, alarmed, report)
+
+    def _ensure_alarms(self, job: Job, alarmed: set[str] | None, report: ReconcileReport) -> set[str]:
+        """A RUNNING GPU job's live instances each have an idle alarm (its creation may have failed)."""
+        attempt = job.current_attempt
+        if alarmed is None or job.state is not JobState.RUNNING or not wants_idle_alarms(job):
+            return set()
+        if attempt is None or attempt.is_over:
+            return set()
+        live = live_instances(attempt)
+        lacking = tuple(i for i in live if i not in alarmed)
+        if lacking:
+            idle = job.require_spec().idle
+            self.reactions.jobs.carry_out(
+                [CreateAlarms(job.job_id, lacking, idle.gpu_util_below_percent, idle.for_minutes)]
+            )
+            report.count("idle alarms recreated", len(lacking))
+        return set(live)
+
+    def _delete_leaked_alarms(self, unwatched: set[str], report: ReconcileReport) -> None:
+        """Alarms no RUNNING job watched this tick: deleted once the record says their attempt is over.
+
+        Each is re-read, so an alarm a launch has just created is never taken for a leak; one whose
+        instance the (eventually consistent) index does not know yet is left for a later tick."""
+        store = self.reactions.jobs.store
+        leaked = []
+        for iid in sorted(unwatched):
+            job = store.find_by_instance(iid)
+            attempt = job.attempt_of_instance(iid) if job else None
+            if job is not None and (attempt is None or attempt.is_over or job.state.is_terminal):
+                leaked.append(iid)
+        if leaked:
+            self.reactions.jobs.carry_out([DeleteAlarms(tuple(leaked))])
+            report.count("idle alarms deleted", len(leaked))
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         """A trainer that reported heartbeats and then went silent is hung: replace its gang."""
@@ -122,8 +216,13 @@ class Reconciler:
             self.reactions.jobs.compute.terminate(live)
             report.count("hung attempts terminated")
 
-    def _enforce_caps(self, job: Job, now: datetime, report: ReconcileReport) -> None:
+    def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:
         if job.state is not JobState.RUNNING or job.stop_request is not None:
+            return
+        hold = hold_over(job.team, holds)
+        if hold is not None:
+            self.reactions.request_stop(job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {hold.reason}")
+            report.count("budget holds enforced")
             return
         spec = job.require_spec()
         runtime = runtime_of(job, now)
@@ -145,31 +244,46 @@ class Reconciler:
                 )
                 report.count("cost caps")
 
-    def _hourly_prices(self, job: Job) -> dict[BilledPool, float | None]:
-        return {
-            pool: self.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
-            for pool in billed_pools(job)
-        }
+    def _hourly_prices(self, job: Job) -> dict[BilledPool, float]:
+        """Each pool's price; a type the prices do not know counts high, never as free."""
+        prices: dict[BilledPool, float] = {}
+        for pool in billed_pools(job):
+            known = self.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
+            prices[pool] = (
+                known if known is not None else price_erring_high(pool.instance_type, self.prices.on_demand_table)
+            )
+        return prices
 
     # ---- stack-wide -------------------------------------------------------------------------------
     def _terminate_orphans(
         self, instances: list[TaggedInstance], active: dict[str, Job], now: datetime, report: ReconcileReport
     ) -> None:
-        orphans = []
+        suspects: dict[str, list[TaggedInstance]] = defaultdict(list)
         for inst in instances:
-            if now - inst.launched_at < ORPHAN_GRACE:
-                continue
-            job = active.get(inst.job_id)
-            attempt = job.attempt(inst.attempt) if job else None
-            if attempt is None or (attempt.is_over and inst.state in UP_STATES):
-                orphans.append(inst.instance_id)
+            if now - inst.launched_at >= ORPHAN_GRACE and _is_orphan(active.get(inst.job_id), inst):
+                suspects[inst.job_id].append(inst)
+        orphans: list[str] = []
+        for job_id, candidates in suspects.items():
+            fresh = self._consistent_read(job_id)
+            confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i)]
+            if len(confirmed) < len(candidates):
+                report.count("orphans spared by a consistent read", len(candidates) - len(confirmed))
+            orphans += confirmed
         if orphans:
             log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)
             self.reactions.jobs.compute.terminate(orphans)
-            report.repairs["orphans terminated"] += len(orphans)
+            report.count("orphans terminated", len(orphans))
 
-    def _release_budget_holds(self, today: date, report: ReconcileReport) -> None:
+    def _consistent_read(self, job_id: str) -> Job | None:
+        try:
+            return self.reactions.jobs.store.get(job_id)
+        except JobNotFoundError:
+            return None
+
+    def _budget_holds(self, today: date, report: ReconcileReport) -> list[BudgetPolicy]:
+        """Lift the policies that have lapsed; return the holds still in force."""
         budgets = self.reactions.jobs.budgets
+        holds: list[BudgetPolicy] = []
         for policy in budgets.held_scopes():
             try:
                 rolled = period_rolled_over(policy.period, today)
@@ -177,6 +291,51 @@ class Reconciler:
                 log.exception("budget policy of scope %s has a malformed period", policy.scope)
                 report.count("errors")
                 rolled = False
-            if rolled or self.budget_has_room(policy):
-                budgets.set_policy(BudgetPolicy(scope=policy.scope, mode=BudgetMode.NORMAL, period=policy.period))
+            released = (rolled or (lifts_early(policy) and self.budget_has_room(policy))) and budgets.release(policy)
+            if released:
                 report.count("budget holds released")
+            elif policy.mode is BudgetMode.HOLD:
+                holds.append(policy)
+        return holds
+
+    # ---- launch work ------------------------------------------------------------------------------
+    def _launch(self, job: Job, report: ReconcileReport) -> None:
+        launched = self.reactions.jobs.launch(job.job_id)
+        if job.state is JobState.INTERRUPTED:
+            report.count("replacements launched")
+        elif job.state is JobState.LAUNCHING:
+            report.count("stuck launches taken over")
+        elif launched.state is not JobState.QUEUED or launched.version != job.version:
+            report.count("queued jobs retried")
+
+
+def _launch_work(jobs: Iterable[Job], now: datetime) -> list[Job]:
+    """The jobs due a launch, most urgent first: replacements, stuck launches, then the queue by
+    how long each has waited (so that the jobs a short run did not reach go first next time)."""
+    replacements: list[Job] = []
+    stuck: list[Job] = []
+    queued: list[Job] = []
+    for job in jobs:
+        attempt = job.current_attempt
+        if job.state is JobState.INTERRUPTED:
+            replacements.append(job)
+        elif job.state is JobState.LAUNCHING:
+            if attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now:
+                stuck.append(job)
+        elif job.state is JobState.QUEUED and (job.next_try_at is None or job.next_try_at <= now):
+            queued.append(job)
+    queued.sort(key=lambda j: j.next_try_at or j.updated_at)
+    return [*replacements, *stuck, *queued]
+
+
+def _is_orphan(job: Job | None, inst: TaggedInstance) -> bool:
+    """An instance no active attempt accounts for: its job is unknown or over, its attempt unknown,
+    or its attempt ended while the instance still runs. The stopped instances of the last attempt
+    of a job that ended STOPPED are kept on purpose (see the module docstring)."""
+    if job is not None and job.state is JobState.STOPPED and inst.state in STOPPED_STATES:
+        current = job.current_attempt
+        return current is None or current.number != inst.attempt
+    if job is None or job.state.is_terminal:
+        return True
+    attempt = job.attempt(inst.attempt)
+    return attempt is None or (attempt.is_over and inst.state in UP_STATES)

@@ -1,0 +1,287 @@
+"""Pure decisions for reacting to the cloud: spot warnings, reports, instance fate, policy stops.
+
+Each function takes the job record, the time and the observation, and answers with a `Decision`
+(see `domain.effects`): the new record, the effects to carry out after it is written, an outcome.
+Nothing here reads a clock or calls AWS, so the service can retry a decision on a fresh record
+after a lost race, and the reconciler can take the same decision a minute later, with the same
+answer. Observations are recorded first; `settle` then judges every unfinished attempt from the
+whole record (`domain.fate`), so an event that arrives twice, late or out of order changes nothing
+the second time.
+
+Effects that matter for money are level-triggered: while a due policy stop still has live
+instances on record, every settle issues the Stop/Terminate again, so a failed call is retried by
+the next event or reconciler tick instead of being forgotten behind `executed_at`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from gpujobs.domain.effects import (
+    Decision,
+    DeleteAlarms,
+    Effect,
+    Launch,
+    Outcome,
+    SignalCheckpoint,
+    Stop,
+    Terminate,
+    ignore,
+    live_instances,
+)
+from gpujobs.domain.fate import (
+    STOP_CHECKPOINT_DEADLINE,
+    Verdict,
+    interruption_moves,
+    judge_attempt,
+    moves_for,
+    stop_is_due,
+)
+from gpujobs.domain.job import Attempt, Job, Market, StopRequest
+from gpujobs.domain.spec import IdleAction
+from gpujobs.domain.states import JobState, Reason
+
+REBALANCE_SIGNAL_INTERVAL = timedelta(minutes=5)
+STOP_METRIC = {Reason.IDLE: "IdleStops", Reason.BUDGET_EXCEEDED: "BudgetStops"}
+
+
+def running_attempt(job: Job, instance_id: str) -> Attempt | None:
+    """The attempt of `instance_id` if it is the job's current, unfinished attempt of a RUNNING job:
+    the only attempt a warning, a rebalance or an idle alarm can still act on."""
+    attempt = job.attempt_of_instance(instance_id)
+    if attempt is None or attempt.is_over or not job.is_current(attempt) or job.state is not JobState.RUNNING:
+        return None
+    return attempt
+
+
+def signal_checkpoint(job: Job, attempt: Attempt) -> SignalCheckpoint:
+    return SignalCheckpoint(live_instances(attempt), attempt.container_name(job.job_id))
+
+
+# ---- spot ---------------------------------------------------------------------------------------
+def on_spot_warning(job: Job, instance_id: str, *, now: datetime, action: str = "terminate") -> Decision:
+    """Checkpoint now, and launch the replacement at once in another pool.
+
+    With a policy stop under way the reclaim completes that stop instead: no replacement is
+    launched, and `settle` ends the job STOPPED with the stop's reason once the instances are gone.
+    """
+    attempt = running_attempt(job, instance_id)
+    if attempt is None or attempt.interrupted_at is not None:
+        return ignore(Outcome.ALREADY_HANDLED, f"the attempt of {instance_id} is already interrupted, replaced or over")
+    marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now}), now=now)
+    detail = f"spot {action} warning for {instance_id}"
+    signal = signal_checkpoint(job, attempt)
+    if job.stop_request is not None:
+        detail += f"; the {job.stop_request.reason.value} stop under way ends the job"
+        return Decision(Outcome.INTERRUPTED, marked, (signal,), detail, {"SpotInterruptions": 1})
+    for target, reason in interruption_moves(job).steps:
+        marked = marked.transition(target, reason, now=now, detail=detail, interruptions=job.interruptions + 1)
+    effects: tuple[Effect, ...] = (signal,)
+    if marked.state is JobState.INTERRUPTED:
+        effects += (Launch(job.job_id),)
+    return Decision(Outcome.INTERRUPTED, marked, effects, detail, {"SpotInterruptions": 1})
+
+
+def on_rebalance(job: Job, instance_id: str, *, now: datetime) -> Decision:
+    """A proactive checkpoint; no relaunch unless a warning follows."""
+    attempt = running_attempt(job, instance_id)
+    if attempt is None:
+        return ignore(Outcome.SIGNALLED_RECENTLY)
+    last = attempt.checkpoint_signalled_at
+    if last is not None and now - last < REBALANCE_SIGNAL_INTERVAL:
+        return ignore(Outcome.SIGNALLED_RECENTLY)
+    noted = job.with_attempt(attempt.model_copy(update={"checkpoint_signalled_at": now}), now=now)
+    signal = signal_checkpoint(job, attempt)
+    return Decision(Outcome.CHECKPOINT_REQUESTED, noted, (signal,), metrics={"RebalanceCheckpoints": 1})
+
+
+# ---- reports from the training container --------------------------------------------------------
+def on_checkpoint(job: Job, *, attempt: int, step: int, uri: str, now: datetime) -> Decision:
+    """Moves the newest checkpoint forward only; may complete a pending policy stop."""
+    changed = job
+    record = job.attempt(attempt)
+    if record is not None and (record.checkpoint_step is None or step > record.checkpoint_step):
+        changed = changed.with_attempt(record.model_copy(update={"checkpoint_step": step}), now=now)
+    if job.checkpoint_step is None or step > job.checkpoint_step:
+        changed = changed.model_copy(update={"checkpoint_step": step, "checkpoint_uri": uri, "updated_at": now})
+    if changed is job:
+        return ignore(Outcome.NOT_NEWER, f"step {step} is not newer than {job.checkpoint_step}")
+    recorded = Decision(
+        Outcome.CHECKPOINT_RECORDED, changed, detail=f"checkpoint at step {step}", metrics={"CheckpointsCommitted": 1}
+    )
+    return recorded.then(settle(changed, now=now))
+
+
+def on_heartbeat(job: Job, *, attempt: int, step: int, now: datetime) -> Decision:
+    record = job.attempt(attempt)
+    if record is None or record.is_over or (record.heartbeat_step is not None and step < record.heartbeat_step):
+        return ignore(Outcome.NOT_NEWER, "stale heartbeat")
+    updated = job.with_attempt(record.model_copy(update={"last_heartbeat_at": now, "heartbeat_step": step}), now=now)
+    metrics = _resume_metrics(updated, attempt) if record.last_heartbeat_at is None else {}
+    return Decision(Outcome.HEARTBEAT_RECORDED, updated, detail=f"heartbeat at step {step}", metrics=metrics)
+
+
+def _resume_metrics(job: Job, attempt_number: int) -> dict[str, float]:
+    """On a replacement's first heartbeat: seconds from the warning and steps lost to it."""
+    current = job.attempt(attempt_number)
+    previous = next((a for a in reversed(job.attempts) if a.number < attempt_number and a.instance_ids), None)
+    if current is None or previous is None or previous.interrupted_at is None or current.last_heartbeat_at is None:
+        return {}
+    metrics = {"SecondsWarningToResumed": (current.last_heartbeat_at - previous.interrupted_at).total_seconds()}
+    if previous.heartbeat_step is not None and job.checkpoint_step is not None:
+        # The replacement resumes from the newest committed checkpoint, whatever was known at launch.
+        metrics["StepsLostToInterruption"] = float(max(0, previous.heartbeat_step - job.checkpoint_step))
+    return metrics
+
+
+def on_exit(
+    job: Job, *, attempt: int, exit_code: int, instance_id: str | None, node_rank: int | None, now: datetime
+) -> Decision:
+    """Record a node's exit code, then judge the attempt.
+
+    A report may overtake the write that records the launch: it is kept on the attempt under its
+    instance id (or `rank:<n>`) and mapped onto the instances when they are recorded.
+    """
+    found = job.attempt(attempt)
+    key = None if found is None or found.is_over else exit_key(found, instance_id, node_rank)
+    if found is None or key is None or key in found.exit_codes:
+        return ignore(Outcome.ALREADY_HANDLED, "exit already recorded, or the attempt is over")
+    codes = {**found.exit_codes, key: exit_code}
+    changed = job.with_attempt(found.model_copy(update={"exit_codes": codes}), now=now)
+    return Decision(Outcome.EXIT_RECORDED, changed, detail=f"exit {exit_code} on {key}").then(settle(changed, now=now))
+
+
+def exit_key(attempt: Attempt, instance_id: str | None, node_rank: int | None) -> str | None:
+    if not attempt.instance_ids:  # the launch is not recorded yet
+        if instance_id is not None:
+            return instance_id
+        return f"rank:{node_rank}" if node_rank is not None and node_rank >= 0 else None
+    if instance_id is None and node_rank is not None and 0 <= node_rank < len(attempt.instance_ids):
+        instance_id = attempt.instance_ids[node_rank]
+    return instance_id if instance_id in attempt.instance_ids else None
+
+
+# ---- instances ----------------------------------------------------------------------------------
+def on_gone(job: Job, instance_ids: tuple[str, ...], *, now: datetime) -> Decision:
+    """Instances seen stopping, stopped or terminated, recorded on their attempts."""
+    changed = job
+    for iid in instance_ids:
+        attempt = changed.attempt_of_instance(iid)
+        if attempt is None or attempt.is_over or iid in attempt.gone:
+            continue
+        updated = attempt.model_copy(update={"gone": (*attempt.gone, iid)})
+        if updated.all_gone:
+            updated = updated.model_copy(update={"gone_at": now})
+        changed = changed.with_attempt(updated, now=now)
+    if changed is job:
+        return ignore(Outcome.ALREADY_HANDLED, "already recorded gone")
+    return Decision(Outcome.GONE_RECORDED, changed, detail=f"gone: {', '.join(instance_ids)}")
+
+
+def on_instance_gone(job: Job, instance_ids: tuple[str, ...], *, now: datetime) -> Decision:
+    """Record the instances gone, then settle: a duplicate event may still find a verdict due."""
+    gone = on_gone(job, instance_ids, now=now)
+    settled = settle(gone.job or job, now=now)
+    return settled if gone.job is None else gone.then(settled)
+
+
+def settle(job: Job, *, now: datetime) -> Decision:
+    """Judge every unfinished attempt from its record and move the job accordingly."""
+    effects: list[Effect] = []
+    notes: list[str] = []
+    changed, relaunch = job, False
+    for attempt in job.attempts:
+        if attempt.is_over or not attempt.instance_ids:
+            continue
+        judgement = judge_attempt(changed, attempt, now=now)
+        if judgement.verdict is Verdict.WAIT:
+            continue
+        if judgement.verdict is Verdict.TERMINATE_GANG:
+            effects.append(Terminate(live_instances(attempt)))
+            notes.append(f"gang of attempt {attempt.number} terminated after a crash ({judgement.detail})")
+            continue
+        update: dict[str, object] = {"ended_at": now, "end_reason": judgement.verdict.value}
+        if judgement.verdict is Verdict.INTERRUPTED and attempt.interrupted_at is None:
+            update["interrupted_at"] = now  # reclaimed without a warning: the replacement avoids its pool
+        changed = changed.with_attempt(attempt.model_copy(update=update), now=now)
+        effects.append(DeleteAlarms(attempt.instance_ids))
+        notes.append(f"attempt {attempt.number} {judgement.verdict.value}")
+        move = moves_for(changed, judgement) if job.is_current(attempt) else None
+        if move is None:
+            continue
+        counters = {
+            "interruptions": changed.interruptions + (1 if move.counts_interruption else 0),
+            "crashes": changed.crashes + (1 if move.counts_crash else 0),
+        }
+        for target, reason in move.steps:
+            changed = changed.transition(target, reason, now=now, detail=judgement.detail, **counters)
+        relaunch = relaunch or move.relaunch
+    changed, stop_effects, stop_note = _carry_out_stop(changed, now)
+    effects += stop_effects
+    notes += [stop_note] if stop_note else []
+    record = None if changed is job else changed
+    if record is None and not effects:
+        return ignore(Outcome.NOTHING_TO_DECIDE)
+    if relaunch or changed.state in (JobState.QUEUED, JobState.INTERRUPTED):
+        effects.append(Launch(job.job_id))
+    return Decision(Outcome.SETTLED, record, tuple(effects), "; ".join(notes), _settle_metrics(job, changed))
+
+
+def _carry_out_stop(job: Job, now: datetime) -> tuple[Job, tuple[Effect, ...], str]:
+    """A due policy stop takes the current attempt's live instances, again on every settle until
+    they are recorded gone; `executed_at` only records when it was first carried out."""
+    request, attempt = job.stop_request, job.current_attempt
+    if request is None or attempt is None or attempt.is_over or not stop_is_due(job, now=now):
+        return job, (), ""
+    live = live_instances(attempt)
+    if not live:
+        return job, (), ""
+    if request.executed_at is None:
+        executed = request.model_copy(update={"executed_at": now})
+        job = job.model_copy(update={"stop_request": executed, "updated_at": now})
+    if attempt.market is Market.ON_DEMAND:
+        return job, (Stop(live),), f"stopping {len(live)} on-demand instance(s) for {request.reason.value}"
+    return job, (Terminate(live),), f"terminating {len(live)} spot instance(s) for {request.reason.value}"
+
+
+def _settle_metrics(before: Job, after: Job) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    if after.interruptions > before.interruptions:
+        metrics["SpotInterruptions"] = float(after.interruptions - before.interruptions)
+    if after.crashes > before.crashes:
+        metrics["AttemptsCrashed"] = float(after.crashes - before.crashes)
+    if after.state is not before.state and after.state.is_terminal:
+        metrics[f"Jobs{after.state.value.title()}"] = 1.0
+    return metrics
+
+
+# ---- policy stops -------------------------------------------------------------------------------
+def request_stop(job: Job, reason: Reason, *, detail: str, now: datetime) -> Decision:
+    """Checkpoint first; the instances go when that checkpoint is committed (or at the deadline)."""
+    if job.state is not JobState.RUNNING or job.stop_request is not None:
+        return ignore(Outcome.NOT_RUNNING)
+    request = StopRequest(
+        reason=reason,
+        requested_at=now,
+        deadline=now + STOP_CHECKPOINT_DEADLINE,
+        checkpoint_step_at_request=job.checkpoint_step,
+        detail=detail,
+    )
+    asked = job.model_copy(update={"stop_request": request, "updated_at": now, "status_detail": detail})
+    attempt = job.current_attempt
+    effects = (signal_checkpoint(job, attempt),) if attempt is not None else ()
+    metric = STOP_METRIC.get(reason, "PolicyStops")
+    return Decision(
+        Outcome.STOP_REQUESTED, asked, effects, f"stop requested ({reason.value}): checkpoint first", {metric: 1}
+    )
+
+
+def on_idle_alarm(job: Job, instance_id: str, *, now: datetime) -> Decision:
+    if running_attempt(job, instance_id) is None:
+        return Decision(Outcome.ALARM_OF_ENDED_ATTEMPT, effects=(DeleteAlarms((instance_id,)),))
+    idle = job.require_spec().idle
+    detail = f"GPU utilization below {idle.gpu_util_below_percent:g}% for {idle.for_minutes} min on {instance_id}"
+    if idle.action is IdleAction.IGNORE:
+        noted = job.model_copy(update={"status_detail": f"{detail} (idle action: ignore)", "updated_at": now})
+        return Decision(Outcome.IDLE_RECORDED, noted, detail=detail, metrics={"IdleIgnored": 1})
+    return request_stop(job, Reason.IDLE, detail=detail, now=now)

@@ -1,0 +1,158 @@
+"""What a decision asks the world to do, as data: the typed effects, the outcome, the decision.
+
+Deciding and acting are separate steps. A decision function reads the job record, the time and
+the observation, and returns a `Decision`: the record to write (or None when nothing changes),
+the effects to carry out once that write has succeeded, and an `Outcome` the handlers log and
+count. Effects are re-derived from the record on every decision (level-triggered), so one that
+fails is issued again by the next event or the reconciler's next tick, never lost because the
+record already says "done". Every effect here is idempotent on the cloud's side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpujobs.domain.job import Attempt, Job
+
+
+@dataclass(frozen=True)
+class Terminate:
+    instance_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """On-demand only: a spot instance launched by gpujobs cannot be stopped."""
+
+    instance_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TerminateJobInstances:
+    """Every instance EC2 still holds for the job, whether the record knows it or not (cancel)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class CreateAlarms:
+    job_id: str
+    instance_ids: tuple[str, ...]
+    below_percent: float
+    minutes: int
+
+
+@dataclass(frozen=True)
+class DeleteAlarms:
+    instance_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SignalCheckpoint:
+    instance_ids: tuple[str, ...]
+    container: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start (or take over) the launch the job is due; carried out after every other effect."""
+
+    job_id: str
+
+
+Effect = Terminate | Stop | TerminateJobInstances | CreateAlarms | DeleteAlarms | SignalCheckpoint | Launch
+
+
+class Outcome(StrEnum):
+    """What a decision did, for logs and metrics. The `IGNORED` ones wrote nothing to the record
+    (a few still act: an alarm of an ended attempt is deleted, a cancel of an ended job terminates
+    what it still holds)."""
+
+    INTERRUPTED = "interrupted"
+    CHECKPOINT_REQUESTED = "checkpoint requested"
+    CHECKPOINT_RECORDED = "checkpoint recorded"
+    HEARTBEAT_RECORDED = "heartbeat recorded"
+    EXIT_RECORDED = "exit recorded"
+    GONE_RECORDED = "instances gone recorded"
+    SETTLED = "settled"
+    NOTHING_TO_DECIDE = "nothing to decide yet"
+    STOP_REQUESTED = "stop requested"
+    IDLE_RECORDED = "idle recorded (action ignore)"
+    LAUNCH_CLAIMED = "launch claimed"
+    LAUNCH_HELD = "held by the budget"
+    LAUNCHED = "instances launched"
+    LAUNCH_ENDED = "launch ended"
+    LAUNCH_ABANDONED = "launch abandoned: the job moved on"
+    CANCELLED = "cancelled"
+    BUDGET_APPLIED = "budget policy applied"
+    # ---- ignored ----
+    NOT_OURS = "ignored: not a gpujobs instance"
+    UNKNOWN_JOB = "ignored: no such job"
+    UNKNOWN_REPORT = "ignored: unknown report"
+    NOT_AN_END = "ignored: the state changes nothing"
+    ALREADY_HANDLED = "ignored: already recorded, replaced or over"
+    SIGNALLED_RECENTLY = "ignored: no running attempt, or signalled moments ago"
+    NOT_NEWER = "ignored: not newer than what is recorded"
+    NOT_RUNNING = "ignored: not running, or a stop is already under way"
+    ALARM_OF_ENDED_ATTEMPT = "ignored: the alarm's attempt is over (alarm deleted)"
+    ALARM_NOT_ACTIONABLE = "ignored: the alarm is not in ALARM or names no instance"
+    NOT_DUE = "ignored: no launch is due"
+    NOT_A_BUDGET_ALERT = "ignored: not a budget notification we understand"
+    NOT_THIS_STACK = "ignored: not one of this stack's budgets"
+    BELOW_THRESHOLD = "ignored: anomaly below the threshold"
+
+    @property
+    def ignored(self) -> bool:
+        return self in IGNORED
+
+
+IGNORED = frozenset(
+    {
+        Outcome.NOT_OURS,
+        Outcome.UNKNOWN_JOB,
+        Outcome.UNKNOWN_REPORT,
+        Outcome.NOT_AN_END,
+        Outcome.ALREADY_HANDLED,
+        Outcome.SIGNALLED_RECENTLY,
+        Outcome.NOT_NEWER,
+        Outcome.NOT_RUNNING,
+        Outcome.ALARM_OF_ENDED_ATTEMPT,
+        Outcome.ALARM_NOT_ACTIONABLE,
+        Outcome.NOT_DUE,
+        Outcome.NOT_A_BUDGET_ALERT,
+        Outcome.NOT_THIS_STACK,
+        Outcome.BELOW_THRESHOLD,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: Outcome
+    job: Job | None = None
+    """The record to write, conditional on the version it was decided from; None: write nothing."""
+    effects: tuple[Effect, ...] = ()
+    """Carried out in order once the write has succeeded (or at once when there is none)."""
+    detail: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def then(self, later: Decision) -> Decision:
+        """This decision followed by one taken on its record: one write, the effects of both."""
+        return Decision(
+            outcome=self.outcome,
+            job=later.job or self.job,
+            effects=self.effects + later.effects,
+            detail="; ".join(d for d in (self.detail, later.detail) if d),
+            metrics={**self.metrics, **later.metrics},
+        )
+
+
+def ignore(outcome: Outcome, detail: str = "") -> Decision:
+    return Decision(outcome, detail=detail)
+
+
+def live_instances(attempt: Attempt) -> tuple[str, ...]:
+    """The attempt's instances not yet seen stopping, stopped or gone."""
+    return tuple(i for i in attempt.instance_ids if i not in attempt.gone)

@@ -1,0 +1,172 @@
+"""Pure decisions of the launch lifecycle: claim a launch, record (or abandon) its gang, end it, cancel.
+
+The launcher walks the capacity ladder outside any write; these functions decide what the record
+says before and after that walk. A launcher whose write loses a race (to a heartbeat, a checkpoint
+report, a takeover) decides again on the fresh record: as long as it is still the same attempt the
+gang is recorded, and only when the job has moved on are the instances it started terminated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpujobs.domain.decisions import settle
+from gpujobs.domain.effects import (
+    CreateAlarms,
+    Decision,
+    DeleteAlarms,
+    Effect,
+    Outcome,
+    Terminate,
+    TerminateJobInstances,
+    ignore,
+)
+from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
+from gpujobs.domain.states import JobState, Reason
+
+LAUNCH_LEASE = timedelta(seconds=120)
+"""How long a launcher owns a LAUNCHING attempt before a retry may take it over.
+
+Shorter than the queue's visibility timeout, so a message redelivered after a crashed launch finds
+the lease expired and finishes the launch (adopting any instances the crashed one started).
+"""
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The instances one RunInstances call (or an adoption) produced, in launch-index order."""
+
+    instance_ids: tuple[str, ...]
+    instance_type: str
+    zone: str
+    market: Market
+    subnet_id: str | None
+
+
+def wants_idle_alarms(job: Job) -> bool:
+    """GPU jobs get an idle alarm per instance (CPU smoke jobs have no GPU metric to watch)."""
+    return job.spec is not None and job.spec.gpus_per_node > 0
+
+
+def claim_launch(job: Job, *, now: datetime, hold: str | None) -> Decision:
+    """Take a launch the job is due, or hold it (`hold`: the budget's reason to launch nothing)."""
+    attempt = job.current_attempt
+    if job.state is JobState.QUEUED:
+        if job.next_try_at and job.next_try_at > now:
+            return ignore(Outcome.NOT_DUE)
+        reason = Reason.LAUNCH_STARTED
+    elif job.state is JobState.INTERRUPTED:
+        reason = Reason.REPLACEMENT_LAUNCHING
+    elif job.state is JobState.LAUNCHING and attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now:
+        reason = Reason.LAUNCH_STARTED
+    else:
+        return ignore(Outcome.NOT_DUE)
+    if hold is not None:
+        if job.state is JobState.QUEUED and job.hold_reason == hold:
+            return ignore(Outcome.NOT_DUE)
+        held = job
+        if job.state is JobState.LAUNCHING and attempt is not None:
+            ended = attempt.model_copy(update={"ended_at": now, "end_reason": Reason.BUDGET_HOLD.value})
+            held = job.with_attempt(ended, now=now)
+        held = held.transition(JobState.QUEUED, Reason.BUDGET_HOLD, now=now, detail=hold, hold_reason=hold)
+        return Decision(Outcome.LAUNCH_HELD, held, detail=hold)
+    if job.state is JobState.LAUNCHING and attempt is not None:
+        renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
+        return Decision(Outcome.LAUNCH_CLAIMED, job.with_attempt(renewed, now=now), detail="launch taken over")
+    fresh = Attempt(
+        number=len(job.attempts) + 1,
+        started_at=now,
+        resume_from_step=job.checkpoint_step,
+        lease_expires_at=now + LAUNCH_LEASE,
+    )
+    # A new attempt starts clean: a stop requested of an earlier one is not its to carry out.
+    claimed = job.with_attempt(fresh, now=now).transition(
+        JobState.LAUNCHING, reason, now=now, next_try_at=None, hold_reason=None, stop_request=None
+    )
+    return Decision(Outcome.LAUNCH_CLAIMED, claimed, detail=f"attempt {fresh.number}")
+
+
+def record_launch(
+    job: Job, *, attempt_number: int, gang: Gang, tries: tuple[LaunchTry, ...], now: datetime
+) -> Decision:
+    """Record the gang on its attempt (RUNNING), or terminate it if the job no longer wants it."""
+    attempt = job.attempt(attempt_number)
+    if attempt is not None and set(attempt.instance_ids) == set(gang.instance_ids):
+        return ignore(Outcome.ALREADY_HANDLED, "the gang is already recorded")
+    if attempt is None or attempt.is_over or not job.is_current(attempt) or job.state is not JobState.LAUNCHING:
+        # Cancelled or held while we launched: the instances must not outlive a job that does not want them.
+        return Decision(Outcome.LAUNCH_ABANDONED, effects=(Terminate(gang.instance_ids),))
+    updated = attempt.model_copy(
+        update={
+            "instance_ids": gang.instance_ids,
+            "instance_type": gang.instance_type,
+            "zone": gang.zone,
+            "subnet_id": gang.subnet_id,
+            "market": gang.market,
+            "tries": tries,
+            "lease_expires_at": None,
+            "exit_codes": _exit_codes_by_instance(attempt, gang.instance_ids),
+        }
+    )
+    detail = f"{len(gang.instance_ids)} x {gang.instance_type} {gang.market} in {gang.zone}"
+    recorded = job.with_attempt(updated, now=now).transition(
+        JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=now, detail=detail
+    )
+    effects: tuple[Effect, ...] = ()
+    spec = job.require_spec()
+    if wants_idle_alarms(job):
+        below, minutes = spec.idle.gpu_util_below_percent, spec.idle.for_minutes
+        effects = (CreateAlarms(job.job_id, gang.instance_ids, below, minutes),)
+    launched = Decision(Outcome.LAUNCHED, recorded, effects, detail)
+    return launched.then(settle(recorded, now=now)) if updated.exit_codes else launched
+
+
+def _exit_codes_by_instance(attempt: Attempt, instance_ids: tuple[str, ...]) -> dict[str, int]:
+    """Exit reports that overtook the launch's record, keyed by rank or id, mapped onto the gang."""
+    codes: dict[str, int] = {}
+    for key, code in attempt.exit_codes.items():
+        rank = int(key.removeprefix("rank:")) if key.startswith("rank:") else None
+        instance_id = instance_ids[rank] if rank is not None and rank < len(instance_ids) else key
+        if instance_id in instance_ids:
+            codes.setdefault(instance_id, code)
+    return codes
+
+
+def end_launch(
+    job: Job,
+    *,
+    attempt_number: int,
+    tries: tuple[LaunchTry, ...],
+    target: JobState,
+    reason: Reason,
+    detail: str,
+    next_try_at: datetime | None,
+    now: datetime,
+) -> Decision:
+    """No rung had capacity (QUEUED, to retry later) or EC2 refused for good (FAILED)."""
+    attempt = job.current_attempt
+    if attempt is None or attempt.number != attempt_number or attempt.is_over or job.state is not JobState.LAUNCHING:
+        return ignore(Outcome.ALREADY_HANDLED, "the launch was taken over or the job moved on")
+    ended = attempt.model_copy(
+        update={"tries": tries, "ended_at": now, "end_reason": reason.value, "lease_expires_at": None}
+    )
+    changes: dict[str, object] = {"next_try_at": next_try_at} if target is JobState.QUEUED else {}
+    moved = job.with_attempt(ended, now=now).transition(target, reason, now=now, detail=detail, **changes)
+    return Decision(Outcome.LAUNCH_ENDED, moved, detail=detail)
+
+
+def cancel(job: Job, *, now: datetime) -> Decision:
+    """Cancel the job and take every instance and alarm it still has; cancelling twice is harmless."""
+    effects: tuple[Effect, ...] = (TerminateJobInstances(job.job_id),)
+    if job.all_instance_ids:
+        effects += (DeleteAlarms(job.all_instance_ids),)
+    if job.state.is_terminal:
+        return Decision(Outcome.ALREADY_HANDLED, effects=effects, detail=f"already {job.state.value}")
+    cancelled = job
+    attempt = job.current_attempt
+    if attempt and not attempt.is_over:
+        ended = attempt.model_copy(update={"ended_at": now, "end_reason": Reason.USER_CANCELLED.value})
+        cancelled = job.with_attempt(ended, now=now)
+    cancelled = cancelled.transition(JobState.CANCELLED, Reason.USER_CANCELLED, now=now)
+    return Decision(Outcome.CANCELLED, cancelled, effects)

@@ -1,0 +1,173 @@
+"""Load, decide, write conditionally, publish, then act: the one way every use case changes a job.
+
+`change()` runs a pure decision on the stored record and writes its result conditionally on the
+version read. A lost race (another writer, or DynamoDB's TransactionConflict) is retried on a
+fresh record after a backoff with full jitter, enough times to outlast a 64-node gang reporting
+its exits in the same instant. Every transition the write made is published before any effect is
+tried, so an effect that fails never hides a state change. `Actuator` then carries out the
+effects one by one: a failure is logged and left to the next decision, which derives the same
+effect from the record again (level-triggered), never swallowed by a record that says "done".
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpujobs.domain.effects import (
+    CreateAlarms,
+    Decision,
+    DeleteAlarms,
+    Effect,
+    Launch,
+    SignalCheckpoint,
+    Stop,
+    Terminate,
+    TerminateJobInstances,
+)
+from gpujobs.domain.job import Job
+from gpujobs.domain.states import JobState
+from gpujobs.service.ports import (
+    Compute,
+    ConcurrentUpdateError,
+    EventPublisher,
+    IdleAlarms,
+    JobStore,
+    Signaller,
+    StateChanged,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter between tries of a lost race."""
+
+    tries: int = 12
+    base_seconds: float = 0.02
+    cap_seconds: float = 1.0
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = random.random
+
+    def pause(self, lost: int) -> None:
+        self.sleep(self.jitter() * min(self.cap_seconds, self.base_seconds * 2**lost))
+
+
+@dataclass(frozen=True)
+class Applied:
+    before: Job
+    """The record the decision was taken on."""
+    after: Job
+    """The record as written (`before` when the decision wrote nothing)."""
+    decision: Decision
+
+
+def change(
+    store: JobStore,
+    job_id: str,
+    decide: Callable[[Job], Decision],
+    *,
+    backoff: Backoff,
+    publisher: EventPublisher,
+) -> Applied:
+    """Decide on the stored job and write the decision, retrying lost races; publish what changed."""
+    for lost in range(backoff.tries):
+        before = store.get(job_id)
+        decision = decide(before)
+        if decision.job is None:
+            return Applied(before, before, decision)
+        try:
+            after = store.save(decision.job)
+        except ConcurrentUpdateError:
+            if lost + 1 < backoff.tries:
+                backoff.pause(lost)
+            continue
+        publish_changes(publisher, before, after)
+        return Applied(before, after, decision)
+    raise ConcurrentUpdateError(job_id, -1)
+
+
+@dataclass
+class Actuator:
+    """Carries out a decision's effects on the ports, each on its own, after the write."""
+
+    compute: Compute
+    alarms: IdleAlarms
+    signaller: Signaller | None = None
+
+    def carry_out(self, effects: Sequence[Effect]) -> None:
+        for effect in effects:
+            try:
+                self._one(effect)
+            except Exception:
+                log.warning("effect %s failed; the next decision issues it again", effect, exc_info=True)
+
+    def _one(self, effect: Effect) -> None:
+        match effect:
+            case Terminate(instance_ids) if instance_ids:
+                self.compute.terminate(list(instance_ids))
+            case Stop(instance_ids) if instance_ids:
+                self.compute.stop(list(instance_ids))
+            case TerminateJobInstances(job_id):
+                live = [i.instance_id for i in self.compute.find_instances(job_id=job_id)]
+                if live:
+                    self.compute.terminate(live)
+            case CreateAlarms(job_id, instance_ids, below, minutes):
+                self.alarms.create(job_id=job_id, instance_ids=instance_ids, below_percent=below, minutes=minutes)
+            case DeleteAlarms(instance_ids) if instance_ids:
+                self.alarms.delete(instance_ids=instance_ids)
+            case SignalCheckpoint(instance_ids, container) if instance_ids:
+                if self.signaller is None:
+                    raise RuntimeError("a checkpoint signal was decided where no signaller is wired")
+                self.signaller.checkpoint_now(instance_ids=instance_ids, container=container)
+            case _:  # nothing to do, or Launch: the launcher carries that out after every other effect
+                pass
+
+
+def wants_launch(decision: Decision) -> bool:
+    return any(isinstance(e, Launch) for e in decision.effects)
+
+
+def publish_changes(publisher: EventPublisher, before: Job | None, after: Job) -> None:
+    """Publish every transition `after` has that `before` had not. Never fails the caller:
+    the store is the source of truth and the event is a notification of it."""
+    seen = len(before.history) if before else 0
+    events = [
+        StateChanged(
+            job_id=after.job_id,
+            name=after.name,
+            team=after.team,
+            source=entry.source,
+            target=entry.target,
+            reason=entry.reason.value,
+            attempt=entry.attempt,
+            detail=entry.detail,
+            at=entry.at,
+            extra=_event_extra(after, entry.target),
+        )
+        for entry in after.history[seen:]
+    ]
+    if not events:
+        return
+    try:
+        publisher.publish(events)
+    except Exception:
+        log.exception("could not publish %d state events for %s", len(events), after.job_id)
+
+
+def _event_extra(job: Job, target: JobState) -> dict[str, object]:
+    attempt = job.current_attempt
+    if target is JobState.REJECTED:
+        return {"problems": list(job.problems)}
+    if target is JobState.RUNNING and attempt:
+        return {
+            "instance_ids": list(attempt.instance_ids),
+            "instance_type": attempt.instance_type,
+            "zone": attempt.zone,
+            "market": attempt.market.value if attempt.market else None,
+        }
+    return {}
