@@ -28,12 +28,22 @@ class When(StrEnum):
     """The call took effect, then the caller died before it could use the answer."""
 
 
+@dataclass(frozen=True)
+class Fired:
+    """A fault that struck: which call, when, and what it was called with."""
+
+    port: str
+    method: str
+    when: When
+    args: tuple[Any, ...]
+
+
 @dataclass
 class FaultPlan:
     """One-shot faults armed per (port, method); each fires at the next such call, wherever it comes from."""
 
     armed: dict[tuple[str, str], When] = field(default_factory=dict)
-    fired: list[tuple[str, str, When]] = field(default_factory=list)
+    fired: list[Fired] = field(default_factory=list)
     called: set[tuple[str, str]] = field(default_factory=set)
     """Every (port, method) the service has called so far: the calls worth failing."""
 
@@ -43,11 +53,11 @@ class FaultPlan:
     def disarm_all(self) -> None:
         self.armed.clear()
 
-    def strike(self, port: str, method: str, when: When) -> None:
+    def strike(self, port: str, method: str, when: When, args: tuple[Any, ...]) -> None:
         self.called.add((port, method))
         if self.armed.get((port, method)) is when:
             del self.armed[(port, method)]
-            self.fired.append((port, method, when))
+            self.fired.append(Fired(port, method, when, args))
             raise InjectedFaultError(f"{port}.{method} failed ({when.value} the call)")
 
 
@@ -71,9 +81,10 @@ class FaultyPort:
 
     def _guarded(self, method: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            self._plan.strike(self._name, method, When.BEFORE)
+            given = (*args, *kwargs.values())
+            self._plan.strike(self._name, method, When.BEFORE, given)
             result = call(*args, **kwargs)
-            self._plan.strike(self._name, method, When.AFTER)
+            self._plan.strike(self._name, method, When.AFTER, given)
             return result
 
         return guarded
