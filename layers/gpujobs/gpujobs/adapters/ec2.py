@@ -21,6 +21,7 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
+    LaunchTokenMismatchError,
     Subnet,
     TaggedInstance,
 )
@@ -101,6 +102,8 @@ class Ec2Compute:
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
+            if code == "IdempotentParameterMismatch":
+                raise LaunchTokenMismatchError(request.client_token, message) from exc
             kind = classify_launch_error(code)
             if kind is ErrorKind.NEXT_RUNG:
                 raise CapacityError(code, message) from exc
@@ -151,13 +154,14 @@ class Ec2Compute:
             for reservation in page["Reservations"]:
                 for inst in reservation["Instances"]:
                     tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                    if TAG_JOB not in tags:
-                        continue
+                    attempt = tags.get(TAG_ATTEMPT, "0") or "0"
+                    if TAG_JOB not in tags or not attempt.isdecimal():
+                        continue  # not a training instance, or one whose tags someone else wrote
                     found.append(
                         TaggedInstance(
                             instance_id=inst["InstanceId"],
                             job_id=tags[TAG_JOB],
-                            attempt=int(tags.get(TAG_ATTEMPT, "0") or 0),
+                            attempt=int(attempt),
                             state=inst.get("State", {}).get("Name", "unknown"),
                             launched_at=inst["LaunchTime"],
                         )

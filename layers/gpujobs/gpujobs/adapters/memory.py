@@ -1,8 +1,10 @@
 """In-memory implementations of the ports, enforcing the same conditions as the real ones.
 
 Unit tests, the benchmarks and anything that must run without AWS use these. They are fakes, not
-mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and the
-compute fake can be told to refuse chosen pools with the EC2 error codes the launcher handles.
+mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and an
+item over DynamoDB's 400 KB as DynamoDB counts it; the compute fake can be told to refuse chosen
+pools with the EC2 error codes the launcher handles, and refuses a reused client token sent with
+other parameters, as EC2 does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from gpujobs.adapters.dynamodb import sized_job_item
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
 from gpujobs.service.budgets import strictest
@@ -24,6 +27,7 @@ from gpujobs.service.ports import (
     JobNotFoundError,
     LaunchedInstance,
     LaunchRequest,
+    LaunchTokenMismatchError,
     StateChanged,
     Subnet,
     TaggedInstance,
@@ -39,6 +43,7 @@ class InMemoryJobStore:
         if job.job_id in self._jobs:
             raise JobExistsError(job.job_id)
         stored = job.model_copy(update={"version": 1})
+        sized_job_item(stored)
         self._jobs[job.job_id] = stored
         return stored
 
@@ -53,6 +58,7 @@ class InMemoryJobStore:
         if current is None or current.version != job.version:
             raise ConcurrentUpdateError(job.job_id, job.version)
         stored = job.model_copy(update={"version": job.version + 1})
+        sized_job_item(stored)
         self._jobs[job.job_id] = stored
         attempt = job.current_attempt
         for iid in attempt.instance_ids if attempt else ():
@@ -91,7 +97,7 @@ class FakeCompute:
     clock: FixedClock | None = None
     on_run: Callable[[LaunchRequest], None] | None = None
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    _by_token: dict[str, list[str]] = field(default_factory=dict)
+    _by_token: dict[str, tuple[LaunchRequest, list[str]]] = field(default_factory=dict)
 
     def subnets(self) -> Sequence[Subnet]:
         return self.subnet_list
@@ -100,8 +106,11 @@ class FakeCompute:
         self.calls.append(request)
         if self.on_run:
             self.on_run(request)
-        if request.client_token in self._by_token:  # EC2 idempotency
-            return [self.instances[i].instance for i in self._by_token[request.client_token]]
+        if request.client_token in self._by_token:  # EC2 idempotency, parameters included
+            first, ids = self._by_token[request.client_token]
+            if first != request:
+                raise LaunchTokenMismatchError(request.client_token, "parameters differ from the first request")
+            return [self.instances[i].instance for i in ids]
         code = self.refuse.get((request.instance_type, request.subnet.zone, request.market.value))
         if code:
             raise CapacityError(code, f"no {request.market} capacity for {request.instance_type}")
@@ -114,7 +123,7 @@ class FakeCompute:
             launched_at = self.clock.now() if self.clock else datetime(2026, 11, 29, tzinfo=UTC)
             self.instances[iid] = FakeInstance(inst, request, launched_at=launched_at)
             launched.append(inst)
-        self._by_token[request.client_token] = [i.instance_id for i in launched]
+        self._by_token[request.client_token] = (request, [i.instance_id for i in launched])
         return launched
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:

@@ -21,6 +21,7 @@ from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
 from gpujobs.adapters.s3 import S3BlobStore
+from gpujobs.runtime.observability import count_record_too_large
 from gpujobs.runtime.settings import Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
 
@@ -49,7 +50,9 @@ def render_user_data_lazily(doc: Any) -> str | bytes:
 
 def build_job_service(settings: Settings) -> JobService:
     return JobService(
-        store=DynamoJobStore(table_name=settings.table_name, client=client("dynamodb", settings)),
+        store=DynamoJobStore(
+            table_name=settings.table_name, client=client("dynamodb", settings), on_too_large=count_record_too_large
+        ),
         compute=Ec2Compute(
             client=client("ec2", settings),
             launch_template_id=settings.launch_template_id,

@@ -36,16 +36,19 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
+    LaunchTokenMismatchError,
     StateChanged,
 )
 
 log = logging.getLogger(__name__)
 
-LAUNCH_LEASE = timedelta(seconds=120)
+LAUNCH_LEASE = timedelta(minutes=11)
 """How long a launcher owns a LAUNCHING attempt before a retry may take it over.
 
-Shorter than the queue's visibility timeout, so a message redelivered after a crashed launch finds
-the lease expired and finishes the launch (adopting any instances the crashed one started).
+Longer than any launching function's timeout (Submit: 600 s), so a launcher still walking the
+ladder is never taken over by a second one; shorter than the queue's visibility timeout (3600 s),
+so a message redelivered after a crashed launch finds the lease expired and finishes the launch
+(adopting any instances the crashed one started). A launch that fails cleanly releases it at once.
 """
 MAX_RACE_RETRIES = 5
 
@@ -182,7 +185,7 @@ class JobService:
             renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
             return job.with_attempt(renewed, now=now)
         fresh = Attempt(
-            number=len(job.attempts) + 1,
+            number=job.attempt_count + 1,
             started_at=now,
             resume_from_step=job.checkpoint_step,
             lease_expires_at=now + LAUNCH_LEASE,
@@ -203,11 +206,19 @@ class JobService:
         )
         user_data = self._user_data(job, attempt)
         tries = list(attempt.tries)
-        for index, rung in enumerate(ladder):
-            request = self._request(job, attempt, rung, index, user_data)
+        for rung in ladder:
+            request = self._request(job, attempt, rung, user_data)
             try:
                 launched = self.compute.run_instances(request)
             except CapacityError as exc:
+                tries.append(_try(rung, exc.code, exc.message, self.clock.now()))
+                continue
+            except LaunchTokenMismatchError as exc:
+                # An earlier launcher of this attempt sent this pool other parameters (its run
+                # document named an older checkpoint). Adopt its gang if it is there; else move on.
+                existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
+                if len(existing) >= spec.nodes:
+                    return self._record_launched(job, existing, subnet_id=rung.subnet_id, tries=tuple(tries))
                 tries.append(_try(rung, exc.code, exc.message, self.clock.now()))
                 continue
             except LaunchRejectedError as exc:
@@ -221,7 +232,7 @@ class JobService:
         summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in tries)
         return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
 
-    def _request(self, job: Job, attempt: Attempt, rung: Rung, index: int, user_data: str | bytes) -> LaunchRequest:
+    def _request(self, job: Job, attempt: Attempt, rung: Rung, user_data: str | bytes) -> LaunchRequest:
         spec = job.require_spec()
         subnet = next(s for s in self.compute.subnets() if s.subnet_id == rung.subnet_id)
         return LaunchRequest(
@@ -233,7 +244,9 @@ class JobService:
             instance_type=rung.instance_type,
             subnet=subnet,
             market=rung.market,
-            client_token=attempt.client_token(job.job_id, index),
+            client_token=attempt.client_token(
+                job.job_id, instance_type=rung.instance_type, subnet_id=rung.subnet_id, market=rung.market
+            ),
             user_data=user_data,
             placement_group=f"gpujobs-{job.job_id}-a{attempt.number}" if spec.nodes > 1 else None,
         )
@@ -367,7 +380,6 @@ class JobService:
     def publish_changes(self, before: Job | None, after: Job) -> None:
         """Publish every transition `after` has that `before` had not. Never fails the caller:
         the store is the source of truth and the event is a notification of it."""
-        seen = len(before.history) if before else 0
         events = [
             StateChanged(
                 job_id=after.job_id,
@@ -381,7 +393,7 @@ class JobService:
                 at=entry.at,
                 extra=_event_extra(after, entry.target),
             )
-            for entry in after.history[seen:]
+            for entry in after.history_since(before)
         ]
         if not events:
             return
@@ -428,7 +440,7 @@ def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
         subnet_id=rung.subnet_id,
         market=rung.market,
         error_code=code,
-        message=message[:500],
+        message=message,
     )
 
 

@@ -169,8 +169,8 @@ class Reconciler:
 
 
 def runtime_of(job: Job, now: datetime) -> timedelta:
-    """Time the job has held instances, over all its attempts."""
-    total = timedelta()
+    """Time the job has held instances, over all its attempts (retired ones included)."""
+    total = job.retired.runtime
     for attempt in job.attempts:
         if attempt.instance_ids:
             total += (attempt.ended_at or now) - attempt.started_at
@@ -179,7 +179,12 @@ def runtime_of(job: Job, now: datetime) -> timedelta:
 
 def cost_of(job: Job, now: datetime, prices: Prices) -> float:
     """Instance-hours times price per attempt; an unknown price counts as on-demand's, or zero."""
-    total = 0.0
+    total = sum(
+        usage.instance_seconds
+        / 3600
+        * (prices.hourly_usd(instance_type=usage.instance_type, market=usage.market, zone=usage.zone) or 0.0)
+        for usage in job.retired.usage
+    )
     for attempt in job.attempts:
         if not attempt.instance_ids or attempt.instance_type is None:
             continue
