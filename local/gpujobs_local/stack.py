@@ -23,10 +23,10 @@ from types import ModuleType
 from typing import Any
 
 import boto3
-from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from gpujobs_local import template
+from gpujobs_local.placement_groups import PlacementGroups
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -57,8 +57,9 @@ class MotoStack:
     def __post_init__(self) -> None:
         stack = self.stack_name
         boto3.setup_default_session()
-        # moto gap: CreatePlacementGroup is not implemented. Answer it here, as EC2 would.
-        self.on_aws("before-call.ec2.CreatePlacementGroup", _placement_group_created)
+        # moto gap: placement groups are not implemented. Answer them here, as EC2 would.
+        self.placement_groups = PlacementGroups(region=REGION)
+        self.placement_groups.install(self.on_aws)
         self.ec2 = boto3.client("ec2", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
         self.ddb = boto3.client("dynamodb", region_name=REGION)
@@ -239,10 +240,6 @@ def _an_amazon_image(ec2: Any) -> str:
         if images:
             return str(images[0]["ImageId"])
     return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
-
-
-def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-    return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
 
 
 def load_function(name: str) -> ModuleType:

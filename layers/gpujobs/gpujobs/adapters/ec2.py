@@ -4,6 +4,10 @@ Capacity refusals become CapacityError so the service walks to the next rung; th
 service errors propagate unchanged so the SQS record is retried; anything else is a
 LaunchRejectedError that no other rung would fix. Every instance and volume is tagged on create,
 which is also what the IAM policy requires before RunInstances is allowed at all.
+
+A multi-node gang launches into a cluster placement group made for its attempt and tagged like its
+instances; the reconciler deletes the groups of ended attempts, because a Region holds only 500
+(`PlacementGroupLimitExceeded`, a CapacityError: the job waits, it does not fail).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from gpujobs.service.ports import (
     LaunchRejectedError,
     LaunchRequest,
     LaunchTokenMismatchError,
+    PlacementGroup,
     Subnet,
     TaggedInstance,
 )
@@ -122,6 +127,31 @@ class Ec2Compute:
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "InvalidPlacementGroup.Duplicate":
                 raise
+
+    def list_placement_groups(self) -> list[PlacementGroup]:
+        filters = [
+            {"Name": f"tag:{TAG_STACK}", "Values": [self._stack]},
+            {"Name": "state", "Values": ["pending", "available"]},
+        ]
+        found: list[PlacementGroup] = []
+        for group in self._ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]:
+            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+            attempt = tags.get(TAG_ATTEMPT, "")
+            if TAG_JOB in tags and attempt.isdecimal():
+                found.append(PlacementGroup(group["GroupName"], tags[TAG_JOB], int(attempt)))
+        return found
+
+    def delete_placement_group(self, name: str) -> bool:
+        try:
+            self._ec2.delete_placement_group(GroupName=name)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "InvalidPlacementGroup.Unknown":
+                return True
+            if code == "InvalidPlacementGroup.InUse":
+                return False
+            raise
+        return True
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         filters = [

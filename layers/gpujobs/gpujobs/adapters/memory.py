@@ -3,8 +3,8 @@
 Unit tests, the benchmarks and anything that must run without AWS use these. They are fakes, not
 mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and an
 item over DynamoDB's 400 KB as DynamoDB counts it; the compute fake can be told to refuse chosen
-pools with the EC2 error codes the launcher handles, and refuses a reused client token sent with
-other parameters, as EC2 does.
+pools with the EC2 error codes the launcher handles, refuses a reused client token sent with
+other parameters, keeps at most 500 placement groups and will not delete one in use, as EC2 does.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpujobs.adapters.dynamodb import sized_job_item
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
 from gpujobs.domain.states import JobState
 from gpujobs.service.budgets import strictest
 from gpujobs.service.ports import (
@@ -28,6 +29,7 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRequest,
     LaunchTokenMismatchError,
+    PlacementGroup,
     StateChanged,
     Subnet,
     TaggedInstance,
@@ -96,6 +98,8 @@ class FakeCompute:
     stopped: list[str] = field(default_factory=list)
     clock: FixedClock | None = None
     on_run: Callable[[LaunchRequest], None] | None = None
+    placement_groups: dict[str, PlacementGroup] = field(default_factory=dict)
+    placement_group_limit: int = 500
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _by_token: dict[str, tuple[LaunchRequest, list[str]]] = field(default_factory=dict)
 
@@ -106,6 +110,11 @@ class FakeCompute:
         self.calls.append(request)
         if self.on_run:
             self.on_run(request)
+        if request.placement_group and request.placement_group not in self.placement_groups:
+            if len(self.placement_groups) >= self.placement_group_limit:
+                raise CapacityError(PLACEMENT_GROUP_LIMIT_EXCEEDED, "You've reached the limit of placement groups")
+            group = PlacementGroup(request.placement_group, request.job_id, request.attempt)
+            self.placement_groups[request.placement_group] = group
         if request.client_token in self._by_token:  # EC2 idempotency, parameters included
             first, ids = self._by_token[request.client_token]
             if first != request:
@@ -153,6 +162,15 @@ class FakeCompute:
             for iid, f in self.instances.items()
             if f.state != "terminated"
         ]
+
+    def list_placement_groups(self) -> list[PlacementGroup]:
+        return list(self.placement_groups.values())
+
+    def delete_placement_group(self, name: str) -> bool:
+        if any(f.request.placement_group == name and f.state != "terminated" for f in self.instances.values()):
+            return False
+        self.placement_groups.pop(name, None)
+        return True
 
     def live(self) -> list[FakeInstance]:
         return [f for f in self.instances.values() if f.state == "running"]

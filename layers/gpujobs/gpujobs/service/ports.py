@@ -91,6 +91,7 @@ class LaunchRequest:
     client_token: str
     user_data: str | bytes
     placement_group: str | None = None
+    """Created (or reused) by run_instances when missing; at most 500 per Region."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,12 @@ class Compute(Protocol):
     def list_instances(self) -> list[TaggedInstance]:
         """Every non-terminated instance carrying this stack's tag (one paginated query)."""
 
+    def list_placement_groups(self) -> list[PlacementGroup]:
+        """This stack's `gpujobs-*` cluster placement groups (run_instances creates them)."""
+
+    def delete_placement_group(self, name: str) -> bool:
+        """True once the group is gone (also when it already was); False while instances use it."""
+
 
 @dataclass(frozen=True)
 class TaggedInstance:
@@ -161,6 +168,15 @@ class TaggedInstance:
     attempt: int
     state: str
     launched_at: datetime
+
+
+@dataclass(frozen=True)
+class PlacementGroup:
+    """A cluster placement group made for one attempt of a multi-node job (tagged like its gang)."""
+
+    name: str
+    job_id: str
+    attempt: int
 
 
 class Signaller(Protocol):

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
+from gpujobs.domain.gangs import overdue_survivors
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
-from gpujobs.service.ports import BudgetMode, BudgetPolicy, Prices, TaggedInstance
+from gpujobs.service.ports import BudgetMode, BudgetPolicy, JobNotFoundError, Prices, TaggedInstance
 from gpujobs.service.reactions import Reactions
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Reconciler:
         for inst in instances:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
+        self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
 
         for job in active.values():
             try:
@@ -75,6 +77,7 @@ class Reconciler:
     # ---- per job ----------------------------------------------------------------------------------
     def _repair(self, job: Job, live: list[TaggedInstance], now: datetime, report: ReconcileReport) -> None:
         reactions, jobs = self.reactions, self.reactions.jobs
+        self._terminate_reclaimed_survivors(job, now, report)
         if job.state is JobState.QUEUED:
             if job.next_try_at is None or job.next_try_at <= now:
                 launched = jobs.launch(job.job_id)
@@ -105,6 +108,17 @@ class Reconciler:
         settled = reactions.settle(job.job_id)
         if not settled.outcome.startswith("nothing"):
             report.count("attempts settled")
+
+    def _terminate_reclaimed_survivors(self, job: Job, now: datetime, report: ReconcileReport) -> None:
+        """The rest of a reclaimed gang whose trainers hang past the warning window and a grace:
+        terminated (again on every tick until they are seen gone), so one attempt never outlives
+        its replacement's start by more than a few minutes."""
+        for attempt in job.attempts:
+            survivors = overdue_survivors(attempt, now=now)
+            if survivors:
+                log.warning("%s: attempt %d was reclaimed; terminating %s", job.job_id, attempt.number, survivors)
+                self.reactions.jobs.compute.terminate(list(survivors))
+                report.repairs["reclaimed survivors terminated"] += len(survivors)
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         """A trainer that reported heartbeats and then went silent is hung: replace its gang."""
@@ -159,6 +173,27 @@ class Reconciler:
             self.reactions.jobs.compute.terminate(orphans)
             report.repairs["orphans terminated"] += len(orphans)
 
+    def _sweep_placement_groups(self, active: dict[str, Job], report: ReconcileReport) -> None:
+        """Delete the groups of ended attempts and jobs: a Region holds only 500 placement groups.
+
+        A group whose attempt looks unfinished in the active view is kept; any other is re-read
+        consistently first (the view is eventually consistent, and a launch creates its group right
+        after its claim is saved). A group still holding instances is retried on the next tick.
+        """
+        store = self.reactions.jobs.store
+        for group in self.reactions.jobs.compute.list_placement_groups():
+            seen = active.get(group.job_id)
+            if _attempt_unfinished(seen, group.attempt):
+                continue
+            try:
+                current: Job | None = store.get(group.job_id)
+            except JobNotFoundError:
+                current = None
+            if _attempt_unfinished(current, group.attempt):
+                continue
+            if self.reactions.jobs.compute.delete_placement_group(group.name):
+                report.count("placement groups deleted")
+
     def _release_budget_holds(self, today: date, report: ReconcileReport) -> None:
         budgets = self.reactions.jobs.budgets
         for policy in budgets.held_scopes():
@@ -166,6 +201,11 @@ class Reconciler:
             if rolled or self.budget_has_room(policy):
                 budgets.set_policy(BudgetPolicy(scope=policy.scope, mode=BudgetMode.NORMAL, period=policy.period))
                 report.count("budget holds released")
+
+
+def _attempt_unfinished(job: Job | None, number: int) -> bool:
+    attempt = job.attempt(number) if job is not None else None
+    return job is not None and not job.state.is_terminal and attempt is not None and not attempt.is_over
 
 
 def runtime_of(job: Job, now: datetime) -> timedelta:
