@@ -105,7 +105,9 @@ class PlacementGroups:
             return False
         if self._ec2 is None:
             self._ec2 = boto3.client("ec2", region_name=self.region)
-        reservations = self._ec2.describe_instances(InstanceIds=sorted(instance_ids))["Reservations"]
+        # A filter, not InstanceIds: EC2 forgets a terminated instance after about an hour.
+        filters = [{"Name": "instance-id", "Values": sorted(instance_ids)}]
+        reservations = self._ec2.describe_instances(Filters=filters)["Reservations"]
         return any(i["State"]["Name"] != "terminated" for r in reservations for i in r["Instances"])
 
     @staticmethod
