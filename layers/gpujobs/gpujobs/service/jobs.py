@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpujobs.domain.gangs import is_partial_gang
+from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -52,8 +52,6 @@ so a message redelivered after a crashed launch finds the lease expired and fini
 (adopting any instances the crashed one started). A launch that fails cleanly releases it at once.
 """
 MAX_RACE_RETRIES = 5
-PARTIAL_GANG = "partial-gang"
-"""End reason of an attempt whose unrecorded gang a takeover found incomplete."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +201,14 @@ class JobService:
         existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
         if len(existing) >= spec.nodes:  # a crashed launcher got this far: adopt, never launch twice
             return self._record_launched(job, existing, subnet_id=attempt.subnet_id, tries=attempt.tries)
-        if is_partial_gang(existing, nodes=spec.nodes):
-            return self._start_over(job, existing, spot_only=spot_only)
+        if is_partial_gang(existing, nodes=spec.nodes):  # one gang per attempt: this one goes, a new one starts
+            survivors = [i.instance_id for i in sorted(existing, key=lambda i: i.launch_index)]
+            self.compute.terminate(survivors)
+            try:
+                restarted = self.store.save(started_over(job, survivors, now=self.clock.now(), lease=LAUNCH_LEASE))
+            except ConcurrentUpdateError:
+                return self.store.get(job.job_id)
+            return self._walk_ladder(restarted, spot_only=spot_only)
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.compute.subnets()]
         ladder = plan_ladder(
             spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
@@ -238,32 +242,6 @@ class JobService:
             )
         summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in tries)
         return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
-
-    def _start_over(self, job: Job, survivors: Sequence[LaunchedInstance], *, spot_only: bool) -> Job:
-        """A crashed launcher's gang lost nodes before anyone recorded it. One gang per attempt: the
-        survivors are terminated and recorded on the attempt, which ends, and the launch goes on as
-        a new attempt (new client tokens: EC2 answers the old ones with the broken reservation)."""
-        attempt = job.current_attempt
-        assert attempt is not None
-        ids = tuple(i.instance_id for i in sorted(survivors, key=lambda i: i.launch_index))
-        self.compute.terminate(list(ids))
-        now = self.clock.now()
-        ended = attempt.model_copy(
-            update={"instance_ids": ids, "ended_at": now, "end_reason": PARTIAL_GANG, "lease_expires_at": None}
-        )
-        fresh = Attempt(
-            number=attempt.number + 1,
-            started_at=now,
-            resume_from_step=job.checkpoint_step,
-            lease_expires_at=now + LAUNCH_LEASE,
-        )
-        detail = f"attempt {attempt.number} found {len(ids)} of {job.require_spec().nodes} nodes: starting over"
-        candidate = job.with_attempt(ended, now=now).with_attempt(fresh, now=now)
-        try:
-            saved = self.store.save(candidate.model_copy(update={"status_detail": detail}))
-        except ConcurrentUpdateError:
-            return self.store.get(job.job_id)
-        return self._walk_ladder(saved, spot_only=spot_only)
 
     def _request(self, job: Job, attempt: Attempt, rung: Rung, user_data: str | bytes) -> LaunchRequest:
         spec = job.require_spec()
@@ -381,14 +359,12 @@ class JobService:
         return saved
 
     def _delete_placement_group(self, job: Job, attempt: Attempt) -> None:
-        """An attempt that launched nothing gives its group back at once: a Region holds 500, and a
-        capacity crunch would otherwise leave one per queued job. Best effort; the reconciler
-        sweeps whatever this misses."""
+        """An attempt that launched nothing gives its group back at once (a Region holds 500).
+        Best effort: the reconciler sweeps whatever this misses."""
         group = placement_group_of(job, attempt)
-        if group is None:
-            return
         try:
-            self.compute.delete_placement_group(group)
+            if group is not None:
+                self.compute.delete_placement_group(group)
         except Exception:
             log.warning("could not delete placement group %s", group, exc_info=True)
 
@@ -488,12 +464,6 @@ def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
         error_code=code,
         message=message,
     )
-
-
-def placement_group_of(job: Job, attempt: Attempt) -> str | None:
-    """The cluster placement group a multi-node attempt launches into: one per attempt, because a
-    cluster group lives in one zone and a replacement may boot elsewhere while the old gang saves."""
-    return f"gpujobs-{job.job_id}-a{attempt.number}" if job.require_spec().nodes > 1 else None
 
 
 def _reclaimed_pool(job: Job) -> tuple[str, str, Market] | None:
