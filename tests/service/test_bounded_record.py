@@ -16,6 +16,7 @@ import pytest
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.adapters.memory import FakeCompute
 from gpujobs.domain.job import MAX_DETAIL_CHARS, Job
+from gpujobs.domain.ladder import next_try_delay
 from gpujobs.domain.states import JobState
 from gpujobs.service.jobs import LaunchConfig
 from gpujobs.service.ports import JobRecordTooLargeError, Subnet
@@ -98,6 +99,9 @@ def test_a_week_waiting_for_p5_capacity_in_18_pools_keeps_the_record_far_under_4
     assert latest.tries_dropped + len(latest.tries) == 36
     assert latest.tries[-1].message == ec2_capacity_message(latest.tries[-1].instance_type, latest.tries[-1].zone)
     assert all(len(entry.detail) <= MAX_DETAIL_CHARS for entry in job.history)
+    # Retired attempts still count as failures in a row: the retry backoff stays at its ceiling.
+    assert job.next_try_at is not None
+    assert job.next_try_at - world.clock.now() == next_try_delay(10, jitter=0.5)
 
     world.compute.refuse = {}
     world.clock.current = job.next_try_at or world.clock.now()

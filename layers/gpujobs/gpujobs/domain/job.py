@@ -154,10 +154,13 @@ class RetiredAttempts(_Frozen):
     runtime_seconds: float = 0.0
     """Wall time the retired attempts held instances."""
     usage: tuple[PoolUsage, ...] = ()
+    no_capacity_in_a_row: int = 0
+    """How many of the newest retired attempts found no capacity, so the retry backoff keeps growing."""
 
     def including(self, attempt: Attempt) -> RetiredAttempts:
+        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason == Reason.NO_CAPACITY.value else 0
         if not attempt.instance_ids or attempt.ended_at is None:
-            return self.model_copy(update={"count": self.count + 1})
+            return self.model_copy(update={"count": self.count + 1, "no_capacity_in_a_row": in_a_row})
         held = (attempt.ended_at - attempt.started_at).total_seconds()
         market = attempt.market or Market.ON_DEMAND
         pool = (attempt.instance_type or "", attempt.zone, market)
@@ -169,7 +172,12 @@ class RetiredAttempts(_Frozen):
                 break
         else:
             usage.append(PoolUsage(instance_type=pool[0], zone=pool[1], market=market, instance_seconds=spent))
-        return RetiredAttempts(count=self.count + 1, runtime_seconds=self.runtime_seconds + held, usage=tuple(usage))
+        return RetiredAttempts(
+            count=self.count + 1,
+            runtime_seconds=self.runtime_seconds + held,
+            usage=tuple(usage),
+            no_capacity_in_a_row=in_a_row,
+        )
 
     @property
     def runtime(self) -> timedelta:

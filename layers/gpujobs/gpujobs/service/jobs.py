@@ -491,6 +491,6 @@ def _capacity_failures_in_a_row(job: Job) -> int:
     count = 0
     for attempt in reversed(job.attempts):
         if attempt.end_reason != Reason.NO_CAPACITY.value and attempt.ended_at is not None:
-            break
+            return count
         count += 1
-    return count
+    return count + job.retired.no_capacity_in_a_row
