@@ -127,12 +127,13 @@ class Attempt(_Frozen):
         return self.ended_at is not None
 
     def client_token(self, job_id: str, *, instance_type: str, subnet_id: str, market: Market) -> str:
-        """EC2 idempotency token for launching this attempt into one pool (type, subnet's zone, market).
+        """EC2 idempotency token for launching this attempt into one pool (type, subnet, market).
 
         Derived from the pool, not from the rung's position in the ladder: a takeover whose ladder
-        is ordered differently (a reclaimed pool moved last, on-demand removed by a forecast) still
-        sends a pool the token it was sent before, so a retry can never launch a second gang under a
-        token EC2 remembers for other parameters. At most 64 ASCII characters, as EC2 requires.
+        is ordered differently (a reclaimed pool moved last, on-demand removed by a forecast, a
+        subnet added) still sends a pool the token it was sent before, so a retry can never send a
+        token EC2 remembers with another pool's parameters. The subnet, not just its zone, because
+        two subnets of one zone are two requests. At most 64 ASCII characters, as EC2 requires.
         """
         pool = hashlib.sha256(f"{instance_type}|{subnet_id}|{market.value}".encode()).hexdigest()[:16]
         return f"{job_id}-a{self.number}-{pool}"

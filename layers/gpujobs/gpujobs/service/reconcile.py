@@ -63,7 +63,11 @@ class Reconciler:
         for inst in instances:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
-        self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
+        try:
+            self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
+        except Exception:
+            log.exception("sweeping placement groups failed")
+            report.count("errors")
 
         for job in active.values():
             try:
