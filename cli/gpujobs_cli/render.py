@@ -125,7 +125,7 @@ def job_list(jobs: Sequence[Job]) -> str:
             j.name or "-",
             j.team,
             j.state.value,
-            str(len(j.attempts)) if j.attempts else "-",
+            str(j.attempt_count) if j.attempt_count else "-",
             when(j.updated_at),
             truncate(j.status_detail) or "-",
         ]

@@ -20,17 +20,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import boto3
-from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES
 from gpujobs_local import template
-
-if TYPE_CHECKING:
-    from botocore.compat import HTTPHeaders
+from gpujobs_local.placement_groups import PlacementGroups
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -61,8 +58,9 @@ class MotoStack:
     def __post_init__(self) -> None:
         stack = self.stack_name
         boto3.setup_default_session()
-        # moto gap: CreatePlacementGroup is not implemented. Answer it here, as EC2 would.
-        self.on_aws("before-call.ec2.CreatePlacementGroup", _placement_group_created)
+        # moto gap: placement groups are not implemented. Answer them here, as EC2 would.
+        self.placement_groups = PlacementGroups(region=REGION)
+        self.placement_groups.install(self.on_aws)
         # Any: what it describes is read back as plain dicts (the tour, the tests).
         self.ec2: Any = boto3.client("ec2", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
@@ -246,12 +244,6 @@ def _an_amazon_image(ec2: Any) -> str:
         if images:
             return str(images[0]["ImageId"])
     return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
-
-
-def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-    # The stubs want HTTPHeaders; AWSResponse wraps any mapping in a HeadersDict.
-    headers = cast("HTTPHeaders", {})
-    return AWSResponse("https://ec2.amazonaws.com/", 200, headers, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
 
 
 def load_function(name: str) -> ModuleType:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState
+from gpujobs.service.jobs import LAUNCH_LEASE
 from gpujobs.service.ports import JobNotFoundError
 from tests.service.conftest import World, spec
 
@@ -235,7 +237,7 @@ def test_a_launch_that_crashed_after_run_instances_is_adopted_not_repeated(world
     world.submit(spec(nodes=2), message_id="m-9")  # redelivered before the lease expired: hands off
     assert world.store.get(world.compute.calls[0].job_id).state is JobState.LAUNCHING
 
-    world.clock.advance(minutes=3)
+    world.clock.current += LAUNCH_LEASE + timedelta(minutes=1)
     job = world.submit(spec(nodes=2), message_id="m-9").job
 
     assert job.state is JobState.RUNNING

@@ -80,8 +80,14 @@ def render_user_data_lazily(doc: Any) -> str | bytes:
 
 
 def build_job_service(settings: Settings) -> JobService:
+    # Imported here, not at the top: the handlers configure Powertools (observability) from their own
+    # environment when they are imported; wiring must not create its logger and metrics earlier.
+    from gpujobs.runtime.observability import count_record_too_large
+
     return JobService(
-        store=DynamoJobStore(table_name=settings.table_name, client=client("dynamodb", settings)),
+        store=DynamoJobStore(
+            table_name=settings.table_name, client=client("dynamodb", settings), on_too_large=count_record_too_large
+        ),
         compute=Ec2Compute(
             client=client("ec2", settings),
             launch_template_id=settings.launch_template_id,

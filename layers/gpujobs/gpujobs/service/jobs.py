@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpujobs.contract import placement_group_name
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.effects import Decision, Effect, Outcome
+from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
-from gpujobs.domain.ladder import Rung, SubnetZone, next_try_at, plan_ladder
-from gpujobs.domain.launching import Gang, cancel, claim_launch, end_launch, record_launch
+from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.launching import LAUNCH_LEASE, Gang, cancel, claim_launch, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.domain.spec import TEAM_PATTERN, JobSpec, SpecError, parse_document, validate_spec
 from gpujobs.domain.states import JobState, Reason
@@ -32,6 +32,7 @@ from gpujobs.service.ports import (
     CapacityError,
     Clock,
     Compute,
+    ConcurrentUpdateError,
     EventPublisher,
     IdleAlarms,
     JobExistsError,
@@ -39,6 +40,7 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
+    LaunchTokenMismatchError,
     Signaller,
 )
 
@@ -173,17 +175,35 @@ class JobService:
         existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
         if len(existing) >= spec.nodes:  # a crashed launcher got this far: adopt, never launch twice
             return self._record_launched(job, existing, subnet_id=attempt.subnet_id, tries=attempt.tries)
+        if is_partial_gang(existing, nodes=spec.nodes):  # one gang per attempt: this one goes, a new one starts
+            survivors = [i.instance_id for i in sorted(existing, key=lambda i: i.launch_index)]
+            self.compute.terminate(survivors)
+            try:
+                restarted = self.store.save(started_over(job, survivors, now=self.clock.now(), lease=LAUNCH_LEASE))
+            except ConcurrentUpdateError:
+                return self.store.get(job.job_id)
+            return self._walk_ladder(restarted, spot_only=spot_only)
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.compute.subnets()]
         ladder = plan_ladder(
             spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
         )
         user_data = self._user_data(job, attempt)
         tries = list(attempt.tries)
-        for index, rung in enumerate(ladder):
-            request = self._request(job, attempt, rung, index, user_data)
+        for rung in ladder:
+            request = self._request(job, attempt, rung, user_data)
             try:
                 launched = self.compute.run_instances(request)
             except CapacityError as exc:
+                tries.append(_try(rung, exc.code, exc.message, self.clock.now()))
+                if exc.code == PLACEMENT_GROUP_LIMIT_EXCEEDED:
+                    break  # no rung fixes it; the reconciler's sweep of ended jobs' groups does
+                continue
+            except LaunchTokenMismatchError as exc:
+                # An earlier launcher of this attempt sent this pool other parameters (its run
+                # document named an older checkpoint). Adopt its gang if it is there; else move on.
+                existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
+                if len(existing) >= spec.nodes:
+                    return self._record_launched(job, existing, subnet_id=rung.subnet_id, tries=tuple(tries))
                 tries.append(_try(rung, exc.code, exc.message, self.clock.now()))
                 continue
             except LaunchRejectedError as exc:
@@ -197,7 +217,7 @@ class JobService:
         summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in tries)
         return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
 
-    def _request(self, job: Job, attempt: Attempt, rung: Rung, index: int, user_data: str | bytes) -> LaunchRequest:
+    def _request(self, job: Job, attempt: Attempt, rung: Rung, user_data: str | bytes) -> LaunchRequest:
         spec = job.require_spec()
         subnet = next(s for s in self.compute.subnets() if s.subnet_id == rung.subnet_id)
         return LaunchRequest(
@@ -209,9 +229,11 @@ class JobService:
             instance_type=rung.instance_type,
             subnet=subnet,
             market=rung.market,
-            client_token=attempt.client_token(job.job_id, index),
+            client_token=attempt.client_token(
+                job.job_id, instance_type=rung.instance_type, subnet_id=rung.subnet_id, market=rung.market
+            ),
             user_data=user_data,
-            placement_group=placement_group_name(job.job_id, attempt.number) if spec.nodes > 1 else None,
+            placement_group=placement_group_of(job, attempt),
         )
 
     def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:
@@ -259,6 +281,9 @@ class JobService:
 
     def _end_launch(self, job: Job, tries: list[LaunchTry], target: JobState, reason: Reason, detail: str) -> Job:
         number = self._attempt_number(job)
+        attempt = job.current_attempt
+        assert attempt is not None
+        self._delete_placement_group(job, attempt)
 
         def decide(current: Job) -> Decision:
             now = self.clock.now()
@@ -277,6 +302,16 @@ class JobService:
             )
 
         return self.change(job.job_id, decide).after
+
+    def _delete_placement_group(self, job: Job, attempt: Attempt) -> None:
+        """An attempt that launched nothing gives its group back at once (a Region holds 500).
+        Best effort: the reconciler sweeps whatever this misses."""
+        group = placement_group_of(job, attempt)
+        try:
+            if group is not None:
+                self.compute.delete_placement_group(group)
+        except Exception:
+            log.warning("could not delete placement group %s", group, exc_info=True)
 
     @staticmethod
     def _attempt_number(job: Job) -> int:
@@ -318,7 +353,7 @@ def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
         subnet_id=rung.subnet_id,
         market=rung.market,
         error_code=code,
-        message=message[:500],
+        message=message,
     )
 
 
@@ -342,6 +377,6 @@ def _capacity_failures_in_a_row(job: Job) -> int:
     count = 0
     for attempt in reversed(job.attempts):
         if attempt.end_reason != Reason.NO_CAPACITY.value and attempt.ended_at is not None:
-            break
+            return count
         count += 1
-    return count
+    return count + job.retired.no_capacity_in_a_row
