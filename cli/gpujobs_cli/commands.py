@@ -218,7 +218,8 @@ def wait_for(
             elif on_change is not None:
                 on_change(job)
             else:
-                print(f"[{_clock()}] {job.job_id}: {job.state.value} ({job.status_detail})", file=sys.stderr)
+                detail = render.printable(job.status_detail)
+                print(f"[{_clock()}] {job.job_id}: {job.state.value} ({detail})", file=sys.stderr)
         if job is not None and done(job):
             return job
         sleep(POLL_SECONDS)

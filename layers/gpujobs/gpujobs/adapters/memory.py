@@ -20,6 +20,7 @@ from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
+from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
     CapacityError,
     ConcurrentUpdateError,
@@ -304,3 +305,15 @@ class TablePrices:
     @property
     def on_demand_table(self) -> dict[str, float]:
         return {t: price for (t, market), price in self.table.items() if market == Market.ON_DEMAND.value}
+
+
+@dataclass
+class StaticTeamConfig:
+    """A team configuration held in memory; `loads` counts how often the service read it."""
+
+    directory: TeamDirectory
+    loads: int = 0
+
+    def load(self) -> TeamDirectory:
+        self.loads += 1
+        return self.directory
