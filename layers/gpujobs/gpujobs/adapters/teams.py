@@ -21,5 +21,5 @@ class SsmTeamConfig:
         self._name = parameter_name
 
     def load(self) -> TeamDirectory:
-        value = self._ssm.get_parameter(Name=self._name, WithDecryption=True)["Parameter"]["Value"]
+        value = self._ssm.get_parameter(Name=self._name)["Parameter"]["Value"]
         return parse_team_config(value)
