@@ -6,8 +6,8 @@ a `DocumentError` with one line the submitter can act on, never an exception of 
 
 - nesting: Python's parsers recurse, and past about a thousand levels raise RecursionError; a job
   spec is a few levels deep, so anything beyond `MAX_DEPTH` is refused;
-- YAML aliases (`*name`): they expand references, so a few hundred bytes can become gigabytes
-  ("billion laughs"); a job spec never needs one;
+- YAML aliases (`*name`) and merge keys (`<<`): they expand references, so a few hundred bytes can
+  become gigabytes ("billion laughs"); a job spec never needs one;
 - duplicate keys: JSON and YAML readers keep the last value silently, so what a reviewer sees in the
   file is not what runs;
 - values the readers raise on (a 5,000-digit integer exceeds Python's conversion limit).
@@ -41,6 +41,8 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise DocumentError(f"YAML merge keys (<<) are not allowed, at line {key_node.start_mark.line + 1}")
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, str):
                 if key in seen:
