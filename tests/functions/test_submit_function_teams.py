@@ -118,3 +118,16 @@ def test_nodes_beyond_the_teams_limit_are_rejected_naming_the_field(stack: MotoS
     rejected = job(stack, job_id_for(client_token=None, team=None, message_id=message_id))
     assert any(p.startswith("nodes: ") for p in rejected.problems)
     assert stack.instances() == []
+
+
+def test_the_local_clouds_sqs_source_hands_the_function_the_sender_id(stack: MotoStack) -> None:
+    from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+
+    from gpujobs_local.event_sources import _sqs_record
+
+    stack.send(SPEC)
+    (message,) = stack.sqs.receive_message(QueueUrl=stack.queue_url, AttributeNames=["All"])["Messages"]
+
+    record = SQSRecord(_sqs_record(message, "arn:aws:sqs:us-east-1:123456789012:jobs", "us-east-1"))
+
+    assert record.attributes.sender_id == MOTO_SENDER
