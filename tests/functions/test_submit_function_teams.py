@@ -18,6 +18,7 @@ from moto import mock_aws
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.states import JobState
+from gpujobs.service.ports import JobNotFoundError
 from gpujobs_local.stack import MOTO_SENDER, MotoStack
 from tests.conftest import load_function
 
@@ -131,3 +132,19 @@ def test_the_local_clouds_sqs_source_hands_the_function_the_sender_id(stack: Mot
     record = SQSRecord(_sqs_record(message, "arn:aws:sqs:us-east-1:123456789012:jobs", "us-east-1"))
 
     assert record.attributes.sender_id == MOTO_SENDER
+
+
+def test_the_same_spec_sent_again_with_its_token_is_the_same_job_after_a_round_trip_through_the_table(
+    stack: MotoStack, submit: Any
+) -> None:
+    stack.send(SPEC)
+    stack.deliver(submit)
+    again = stack.send({**SPEC, "nodes": 1, "idle": {"gpu_util_below_percent": 5.0}})  # the defaults, spelled out
+
+    (response,) = stack.deliver(submit)
+
+    assert response == {"batchItemFailures": []}
+    assert job(stack, VISION_JOB).state is JobState.RUNNING
+    assert len(stack.instances()) == 1
+    with pytest.raises(JobNotFoundError):
+        job(stack, job_id_for(client_token=None, team=None, message_id=again))
