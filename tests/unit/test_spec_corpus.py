@@ -9,6 +9,7 @@ assertion is what a user relies on: load_spec raises SpecError and one problem l
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,7 @@ HOSTILE: list[tuple[str, str | bytes, str]] = [
     ("json-nested-past-the-recursion-limit", "[" * 200_000, "(spec)"),
     ("json-nested-objects", '{"a":' * 50_000 + "1" + "}" * 50_000, "(spec)"),
     ("yaml-nested-past-the-recursion-limit", "name: " + "[" * 100_000, "(spec)"),
+    ("yaml-a-hundred-thousand-values", "command: [" + ",".join(["1"] * 100_000) + "]\n", "(spec)"),
     ("json-nested-eleven-levels", with_(idle={"a": [[[[[[[[[[1]]]]]]]]]]}), "(spec)"),
     ("yaml-billion-laughs", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n", "(spec)"),
     ("yaml-merge-key", yaml_with("<<: {nodes: 2}\n"), "(spec)"),
@@ -258,3 +260,13 @@ def test_tab_and_newline_stay_allowed_in_command_arguments_and_env_values() -> N
 
 def test_a_forty_character_value_alone_is_not_taken_for_a_secret_key() -> None:
     assert load_spec(with_(env={"COMMIT": "0123456789abcdef0123456789abcdef01234567"})).env["COMMIT"]
+
+
+def test_a_yaml_document_of_a_hundred_thousand_values_is_refused_before_it_is_read() -> None:
+    document = "command: [" + ",".join(["1"] * 100_000) + "]\n"
+    started = time.perf_counter()
+
+    with pytest.raises(SpecError, match="more than"):
+        load_spec(document)
+
+    assert time.perf_counter() - started < 1.0, "reading it would hold the submit function for seconds"

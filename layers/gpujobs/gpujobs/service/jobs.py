@@ -143,7 +143,7 @@ class JobService:
             return self._reject(body, exc.problems, message_id=message_id)
         return self.submit(spec, message_id=message_id)
 
-    def submit(self, spec: JobSpec, *, message_id: str | None) -> SubmitOutcome:
+    def submit(self, spec: JobSpec, *, message_id: str) -> SubmitOutcome:
         """Record and launch an admitted spec. Its client_token names one job: the same spec again
         is that job; a different spec under the same token is rejected as a conflict."""
         job_id = job_id_for(client_token=spec.client_token, team=spec.team, message_id=message_id)
@@ -155,7 +155,7 @@ class JobService:
             self.publish_changes(None, job)
         except JobExistsError:
             job, created = self.store.get(job_id), False
-            if job.spec != spec and message_id is not None:
+            if job.spec != spec:
                 conflict = (
                     f"client_token: {spec.client_token!r} of team {spec.team!r} already names job {job_id}"
                     " with a different spec; use a new client_token for a new job"
