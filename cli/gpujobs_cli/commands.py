@@ -22,7 +22,7 @@ from typing import Any
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job, job_id_for
-from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, validate_spec
+from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, printable, validate_spec
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore
 from gpujobs_cli import render
@@ -218,7 +218,7 @@ def wait_for(
             elif on_change is not None:
                 on_change(job)
             else:
-                detail = render.printable(job.status_detail)
+                detail = printable(job.status_detail)
                 print(f"[{_clock()}] {job.job_id}: {job.state.value} ({detail})", file=sys.stderr)
         if job is not None and done(job):
             return job

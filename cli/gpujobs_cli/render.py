@@ -10,19 +10,13 @@ character is shown as `\\xNN`, never sent, and cannot recolour, retitle or rewri
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.spec import printable
 
 DETAIL_WIDTH = 48
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character (newlines too) spelled out as `\\xNN`."""
-    return _CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", text)
 
 
 def when(moment: datetime | None) -> str:

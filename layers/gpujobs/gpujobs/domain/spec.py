@@ -51,6 +51,7 @@ RESERVED_ENV_PREFIXES = ("AWS_", "GPUJOBS_", "DOCKER_", "LD_")
 loader does before the training code starts (DOCKER_*, LD_PRELOAD and friends)."""
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 and C1 controls and DEL; tab and newline are allowed in command arguments and env values."""
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # registry/repo[:tag][@sha256:digest]; lowercase repository path components as Docker requires.
 IMAGE_PATTERN = (
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
@@ -200,9 +201,15 @@ def bounded(problems: list[str]) -> list[str]:
     return lines
 
 
+def printable(text: str) -> str:
+    """`text` with every control character (tab and newline too) spelled out as `\\xNN`: safe to
+    show on one line of a terminal, whoever wrote it."""
+    return _ANY_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", text)
+
+
 def _one_line(problem: str) -> str:
-    """`problem` with control characters spelled out (it names fields the submitter chose), cut short."""
-    shown = CONTROL_CHARACTERS.sub(lambda c: f"\\x{ord(c.group()):02x}", problem.replace("\n", "\\n"))
+    """`problem` printable (it names fields the submitter chose), cut short."""
+    shown = printable(problem)
     return shown if len(shown) <= MAX_PROBLEM_CHARS else shown[: MAX_PROBLEM_CHARS - 3] + "..."
 
 
