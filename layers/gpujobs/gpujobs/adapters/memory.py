@@ -24,6 +24,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace,
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
 from gpujobs.domain.states import JobState
+from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
     CapacityError,
     ConcurrentUpdateError,
@@ -331,3 +332,15 @@ class TablePrices:
     @property
     def on_demand_table(self) -> dict[str, float]:
         return {t: price for (t, market), price in self.table.items() if market == Market.ON_DEMAND.value}
+
+
+@dataclass
+class StaticTeamConfig:
+    """A team configuration held in memory; `loads` counts how often the service read it."""
+
+    directory: TeamDirectory
+    loads: int = 0
+
+    def load(self) -> TeamDirectory:
+        self.loads += 1
+        return self.directory

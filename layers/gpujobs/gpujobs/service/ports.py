@@ -14,6 +14,7 @@ from typing import Protocol
 from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
+from gpujobs.domain.teams import TeamDirectory
 
 
 class JobNotFoundError(LookupError):
@@ -252,3 +253,9 @@ class BlobStore(Protocol):
 
 class Clock(Protocol):
     def now(self) -> datetime: ...
+
+
+class TeamConfigSource(Protocol):
+    """Where the platform team's team configuration lives; TeamConfigError if it is malformed."""
+
+    def load(self) -> TeamDirectory: ...
