@@ -15,12 +15,12 @@ import pytest
 
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.adapters.memory import FakeCompute
+from gpujobs.domain.cost import billed_pools, cost_of, runtime_of
 from gpujobs.domain.job import MAX_DETAIL_CHARS, Job
 from gpujobs.domain.ladder import next_try_delay
 from gpujobs.domain.states import JobState
 from gpujobs.service.jobs import LaunchConfig
 from gpujobs.service.ports import JobRecordTooLargeError, Subnet
-from gpujobs.service.reconcile import cost_of, runtime_of
 from tests.service.conftest import World, spec
 
 FAR_UNDER = MAX_ITEM_BYTES // 4
@@ -133,7 +133,11 @@ def test_a_job_interrupted_100_times_keeps_a_bounded_record_and_still_counts_its
     # Attempts that left the record still count towards the caps: 100 attempts of an hour or more,
     # each of 2 instances at $0.50 an hour on spot.
     assert runtime_of(job, world.clock.now()) >= timedelta(hours=100)
-    assert cost_of(job, world.clock.now(), world.prices) >= 100 * 2 * 0.5
+    prices = {
+        pool: world.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
+        for pool in billed_pools(job)
+    }
+    assert cost_of(job, world.clock.now(), prices) >= 100 * 2 * 0.5
     published = [e for e in world.publisher.events if e.job_id == job_id]
     assert sum(1 for e in published if e.target is JobState.INTERRUPTED) == 100
 
