@@ -6,7 +6,10 @@ So that a submission has a known job id before the Lambda has seen it, `submit` 
 client_token and computes the id exactly as the control plane does (`job_id_for`). A submission the
 control plane rejects is recorded under an id derived from the SQS message id instead; `--wait`
 watches both ids, so a rejection on the server (say, an instance type outside the stack's
-allow-list) ends the wait rather than leaving it waiting for a job that will never exist.
+allow-list) ends the wait rather than leaving it waiting for a job that will never exist. The
+rejection is looked for first: a token reused with a different spec is rejected as a conflict while
+the token's id still names the earlier job, which is not this submission's. With `--wait` (which
+reads the table anyway) such a conflict is caught before anything is sent.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job, job_id_for
-from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, validate_spec
+from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, printable, validate_spec
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore
 from gpujobs_cli import render
@@ -83,6 +86,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     token = str(document["client_token"])
     job_id = job_id_for(client_token=token, team=spec.team, message_id=None)
     resources = _discover(args, needs=(QUEUE, TABLE) if args.wait else (QUEUE,))
+    if args.wait:
+        existing = _find(_store(resources), job_id)
+        if existing is not None and existing.spec != spec:
+            print(
+                f"{label}: client_token: {token!r} already names job {job_id} with a different spec; "
+                "use a new client_token for a new job (nothing was sent)",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
     sent = resources.client("sqs").send_message(QueueUrl=resources.queue_url, MessageBody=body)
     message_id = str(sent["MessageId"])
     result: dict[str, Any] = {
@@ -205,11 +217,8 @@ def wait_for(
     seen: object = ()  # no marker yet: the first poll always reports
     job = first
     while True:
-        if job is None:
-            try:
-                job = store.get(job_id)
-            except JobNotFoundError:
-                job = _rejected(store, also_rejected_as)
+        if job is None:  # this message's rejection first: a conflict leaves another job under `job_id`
+            job = _rejected(store, also_rejected_as) or _find(store, job_id)
         marker = (job.version, job.state) if job else None
         if marker != seen:
             seen = marker
@@ -218,7 +227,8 @@ def wait_for(
             elif on_change is not None:
                 on_change(job)
             else:
-                print(f"[{_clock()}] {job.job_id}: {job.state.value} ({job.status_detail})", file=sys.stderr)
+                detail = printable(job.status_detail)
+                print(f"[{_clock()}] {job.job_id}: {job.state.value} ({detail})", file=sys.stderr)
         if job is not None and done(job):
             return job
         sleep(POLL_SECONDS)
@@ -226,13 +236,15 @@ def wait_for(
 
 
 def _rejected(store: JobStore, job_id: str | None) -> Job | None:
-    if job_id is None:
-        return None
+    job = None if job_id is None else _find(store, job_id)
+    return job if job is not None and job.state is JobState.REJECTED else None
+
+
+def _find(store: JobStore, job_id: str) -> Job | None:
     try:
-        job = store.get(job_id)
+        return store.get(job_id)
     except JobNotFoundError:
         return None
-    return job if job.state is JobState.REJECTED else None
 
 
 def _clock() -> str:

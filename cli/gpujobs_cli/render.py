@@ -2,6 +2,10 @@
 
 Pure functions from Job to str, so that they are tested without AWS and the commands only decide
 what to fetch and where to print. Times are shown in UTC; `--json` is the exact, machine form.
+
+Job data comes from whoever submitted the job (names, problems, details echo their input), so every
+piece of it goes through `printable` on its way to the terminal: an ESC or any other control
+character is shown as `\\xNN`, never sent, and cannot recolour, retitle or rewrite a user's terminal.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.spec import printable
 
 DETAIL_WIDTH = 48
 
@@ -29,22 +34,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def truncate(text: str, width: int = DETAIL_WIDTH) -> str:
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _opt(value: object) -> str:
-    return "-" if value is None or value == "" else str(value)
+    return "-" if value is None or value == "" else printable(str(value))
 
 
 def job_status(job: Job) -> str:
     """The `gpujobs status` page."""
     lines = [
         f"job       {job.job_id}",
-        f"name      {job.name or '-'}",
-        f"team      {job.team}",
+        f"name      {_opt(job.name)}",
+        f"team      {_opt(job.team)}",
         f"state     {job.state.value}",
-        f"detail    {job.status_detail or '-'}",
+        f"detail    {_opt(job.status_detail)}",
         f"created   {when(job.created_at)}",
         f"updated   {when(job.updated_at)}",
     ]
@@ -61,7 +66,7 @@ def job_status(job: Job) -> str:
     if job.next_try_at is not None:
         lines.append(f"next try  {when(job.next_try_at)}")
     if job.hold_reason:
-        lines.append(f"held      {job.hold_reason}")
+        lines.append(f"held      {printable(job.hold_reason)}")
     if job.stop_request is not None:
         stop = job.stop_request
         progress = (
@@ -69,12 +74,12 @@ def job_status(job: Job) -> str:
             if stop.executed_at
             else f"waiting for a checkpoint until {when(stop.deadline)}"
         )
-        lines.append(f"stopping  {stop.reason.value}: {stop.detail or '-'} ({progress})")
+        lines.append(f"stopping  {stop.reason.value}: {_opt(stop.detail)} ({progress})")
     current = job.current_attempt
     if current is not None and current.last_heartbeat_at is not None:
         lines.append(f"progress  step {current.heartbeat_step} at {when(current.last_heartbeat_at)}")
     if job.problems:
-        lines += ["", "problems:", *(f"  {p}" for p in job.problems)]
+        lines += ["", "problems:", *(f"  {printable(p)}" for p in job.problems)]
     if job.attempts:
         rows = [
             [
@@ -95,7 +100,15 @@ def job_status(job: Job) -> str:
     tries = [(a.number, t) for a in job.attempts for t in a.tries]
     if tries:
         rows = [
-            [str(n), when(t.at), t.instance_type, t.zone, t.market.value, t.error_code, truncate(t.message, 60)]
+            [
+                str(n),
+                when(t.at),
+                _opt(t.instance_type),
+                _opt(t.zone),
+                t.market.value,
+                _opt(t.error_code),
+                truncate(t.message, 60),
+            ]
             for n, t in tries
         ]
         headers = ["#", "AT", "TYPE", "ZONE", "MARKET", "ERROR", "MESSAGE"]
@@ -121,11 +134,11 @@ def job_list(jobs: Sequence[Job]) -> str:
     """The `gpujobs list` table."""
     rows = [
         [
-            j.job_id,
-            j.name or "-",
-            j.team,
+            printable(j.job_id),
+            _opt(j.name),
+            _opt(j.team),
             j.state.value,
-            str(len(j.attempts)) if j.attempts else "-",
+            str(j.attempt_count) if j.attempt_count else "-",
             when(j.updated_at),
             truncate(j.status_detail) or "-",
         ]

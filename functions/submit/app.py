@@ -3,7 +3,9 @@
 Thin on purpose: the batch processor reports failed records (ReportBatchItemFailures) so that only
 a record that met a transient AWS error is retried, and after the queue's maxReceiveCount it goes
 to the dead-letter queue. Invalid specs do not fail the record: the service records them as
-REJECTED with their reasons, so they are consumed, never retried.
+REJECTED with their reasons, so they are consumed, never retried. The message's `SenderId` (the
+IAM principal that sent it) is what the team configuration authorizes; a cancel from a principal
+outside the job's team is logged, counted and consumed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gpujobs.domain.states import JobState
 from gpujobs.runtime.bootstrap import job_service, require_settings
 from gpujobs.runtime.observability import logger, metrics, tracer
 from gpujobs.runtime.settings import Need
+from gpujobs.service.jobs import CancelRefusedError
 from gpujobs.service.ports import JobNotFoundError
 
 SETTINGS = require_settings(Need.ADMIT, Need.LAUNCH)
@@ -32,10 +35,18 @@ _METRIC_FOR_STATE = {JobState.REJECTED: "JobsRejected", JobState.CANCELLED: "Job
 @tracer.capture_method
 def record_handler(record: SQSRecord) -> None:
     try:
-        outcome = job_service().handle_message(record.body, message_id=record.message_id)
+        outcome = job_service().handle_message(
+            record.body, message_id=record.message_id, sender=record.attributes.get("SenderId")
+        )
     except JobNotFoundError as exc:  # a cancel naming no job: nothing to retry, say so and consume it
         logger.warning("cancel for an unknown job", extra={"job_id": exc.job_id, "message_id": record.message_id})
         metrics.add_metric(name="CancelsForUnknownJobs", unit=MetricUnit.Count, value=1)
+        return
+    except CancelRefusedError as exc:  # not the job's team: nothing to retry either
+        logger.warning(
+            "cancel refused", extra={"job_id": exc.job_id, "sender": exc.sender, "message_id": record.message_id}
+        )
+        metrics.add_metric(name="CancelsRefused", unit=MetricUnit.Count, value=1)
         return
     job = outcome.job
     logger.info(

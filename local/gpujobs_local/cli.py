@@ -18,6 +18,7 @@ from types import FrameType
 
 from gpujobs_local.cloud import Delivery, LocalCloud
 from gpujobs_local.session import LOCAL_INSTANCE_TYPES, attach_runner
+from gpujobs_local.stack import MOTO_SENDER
 from gpujobs_local.story import MetricLineFilter
 
 
@@ -37,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--stack-name", default="gpujobs-local", help="stack name (default: gpujobs-local)")
     parser.add_argument("--quiet", action="store_true", help="do not print a line per delivery")
+    parser.add_argument(
+        "--teams",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"team configuration (JSON, docs/deploy.md 'Teams'); moto sends every message as {MOTO_SENDER}, "
+        "so list that principal for the teams you submit as (default: none)",
+    )
     return parser
 
 
@@ -61,6 +70,7 @@ def up(argv: list[str] | None = None) -> int:
         stack_name=args.stack_name,
         reconcile_every=args.reconcile_every,
         allowed_instance_types=LOCAL_INSTANCE_TYPES,
+        teams=args.teams.read_text(encoding="utf-8") if args.teams else None,
     )
     started = time.monotonic()
     try:

@@ -57,13 +57,16 @@ class LocalCloud:
         allowed_instance_types: Sequence[str] = ALLOWED,
         poll_interval: float = 0.2,
         retry_delay: int = 2,
+        teams: str | None = None,
     ) -> None:
+        """`teams`: a team configuration (JSON, docs/deploy.md); None runs the stack without one."""
         self.workdir = Path(workdir)
         self.stack_name = stack_name
         self.reconcile_every = reconcile_every
         self.allowed_instance_types = tuple(allowed_instance_types)
         self.poll_interval = poll_interval
         self.retry_delay = retry_delay
+        self.teams = teams
         self.region = REGION
         self.outputs: dict[str, str] = {}
         self.stack: MotoStack | None = None
@@ -228,7 +231,9 @@ class LocalCloud:
 
     # ---- building ----------------------------------------------------------------------------
     def _build(self) -> EventSources:
-        stack = MotoStack(stack_name=self.stack_name, allowed_instance_types=self.allowed_instance_types)
+        stack = MotoStack(
+            stack_name=self.stack_name, allowed_instance_types=self.allowed_instance_types, teams=self.teams
+        )
         self.stack = stack
         os.environ.update(stack.env)
         self._faults.install(stack)

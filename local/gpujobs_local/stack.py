@@ -5,6 +5,11 @@ with two subnets) and sets the environment the template gives the functions. `de
 part of Lambda's SQS event source mapping: it receives messages, invokes the real handler with the
 Lambda event shape, deletes what succeeded and leaves reported failures to come back after their
 visibility timeout, until the queue's redrive policy moves them to the dead-letter queue.
+
+Each delivery carries the message's `SenderId`, as Lambda's does. moto reports one sender for every
+message (`MOTO_SENDER`, its default user), whatever credentials sent it; `deliver(sender=...)` plays a
+message sent by another principal. `teams` (a team configuration, JSON) is stored in SSM and named
+to the functions as the stack's `TeamsParameterName` would; without it the stack has none.
 """
 
 from __future__ import annotations
@@ -20,23 +25,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import boto3
-from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES
 from gpujobs_local import template
-
-if TYPE_CHECKING:
-    from botocore.compat import HTTPHeaders
+from gpujobs_local.placement_groups import PlacementGroups
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
 STACK = "gpujobs-local"
 MOTO_FIRST_AMAZON_AMI = "ami-03cf127a"
 ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
+MOTO_SENDER = "AIDAIT2UOQQY3AUEKVGXU"
+"""The SenderId moto gives every SQS message (its default user's unique id)."""
 
 
 @dataclass
@@ -57,12 +61,15 @@ class MotoStack:
     env: dict[str, str] = field(default_factory=dict)
     stack_name: str = STACK
     allowed_instance_types: tuple[str, ...] = ALLOWED
+    teams: str | None = None
+    """A team configuration (JSON, see domain.teams); None: the stack has none."""
 
     def __post_init__(self) -> None:
         stack = self.stack_name
         boto3.setup_default_session()
-        # moto gap: CreatePlacementGroup is not implemented. Answer it here, as EC2 would.
-        self.on_aws("before-call.ec2.CreatePlacementGroup", _placement_group_created)
+        # moto gap: placement groups are not implemented. Answer them here, as EC2 would.
+        self.placement_groups = PlacementGroups(region=REGION)
+        self.placement_groups.install(self.on_aws)
         # Any: what it describes is read back as plain dicts (the tour, the tests).
         self.ec2: Any = boto3.client("ec2", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
@@ -137,6 +144,10 @@ class MotoStack:
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
             "AWS_REGION": REGION,
         }
+        if self.teams is not None:
+            self.teams_parameter = f"/{stack}/teams"
+            self.ssm.put_parameter(Name=self.teams_parameter, Value=self.teams, Type="String")
+            self.env["TEAMS_PARAMETER"] = self.teams_parameter
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
@@ -152,8 +163,11 @@ class MotoStack:
         text = body if isinstance(body, str) else json.dumps(body)
         return str(self.sqs.send_message(QueueUrl=self.queue_url, MessageBody=text)["MessageId"])
 
-    def deliver(self, handler: Callable[[dict[str, Any], Any], Any], *, rounds: int = 1) -> list[dict[str, Any]]:
-        """Up to `rounds` receive/invoke cycles; returns each invocation's response."""
+    def deliver(
+        self, handler: Callable[[dict[str, Any], Any], Any], *, rounds: int = 1, sender: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Up to `rounds` receive/invoke cycles; returns each invocation's response. `sender`: the
+        SenderId the messages carry instead of moto's own (a message sent by that principal)."""
         responses = []
         for _ in range(rounds):
             messages = self.sqs.receive_message(
@@ -164,6 +178,8 @@ class MotoStack:
             ).get("Messages", [])
             if not messages:
                 break
+            if sender is not None:
+                messages = [{**m, "Attributes": {**m.get("Attributes", {}), "SenderId": sender}} for m in messages]
             try:
                 response = handler(self.sqs_event(messages), LambdaContext()) or {"batchItemFailures": []}
             except Exception:
@@ -246,12 +262,6 @@ def _an_amazon_image(ec2: Any) -> str:
         if images:
             return str(images[0]["ImageId"])
     return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
-
-
-def _placement_group_created(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-    # The stubs want HTTPHeaders; AWSResponse wraps any mapping in a HeadersDict.
-    headers = cast("HTTPHeaders", {})
-    return AWSResponse("https://ec2.amazonaws.com/", 200, headers, None), {"ResponseMetadata": {"HTTPStatusCode": 200}}
 
 
 def load_function(name: str) -> ModuleType:

@@ -216,4 +216,20 @@ def test_a_cost_cap_over_an_allowed_type_without_a_known_price_is_rejected(
     rejected = job(stack, job_id_for(client_token=None, team=None, message_id=capped_id))
     assert rejected["state"] == "REJECTED"
     assert any(p.startswith("max_cost_usd:") and "g6e.12xlarge" in p for p in rejected["problems"])
+
+
+def test_a_record_refused_for_its_size_fails_the_record_and_counts_the_alarmed_metric(
+    stack: MotoStack, submit: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpujobs.adapters import dynamodb
+    from gpujobs.runtime.observability import RECORD_TOO_LARGE_METRIC
+
+    monkeypatch.setattr(dynamodb, "MAX_ITEM_BYTES", 1024)  # every job record is now "too large"
+    message_id = stack.send(SPEC)
+
+    (response,) = stack.deliver(submit)
+
+    assert response["batchItemFailures"] == [{"itemIdentifier": message_id}]  # retried, then dead-lettered
+    metrics = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert any(m.get(RECORD_TOO_LARGE_METRIC) == [1.0] and m.get("service") == "gpujobs" for m in metrics)
     assert stack.instances() == []

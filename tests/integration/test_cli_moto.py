@@ -345,3 +345,43 @@ def test_an_aws_error_is_one_line_not_a_traceback(
     assert err.startswith("gpujobs: ")
     assert err.count("\n") == 1
     assert "ResourceNotFoundException" in err
+
+
+# ---- a client_token names one spec --------------------------------------------------------------
+def test_submit_wait_refuses_a_token_that_names_a_job_with_a_different_spec_and_sends_nothing(
+    env_stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = job_id_for(client_token="nightly-1", team="default", message_id=None)
+    env_stack.add_job(job_id, example="cpu-smoke.json")
+
+    code = main(["submit", str(EXAMPLES / "digits.yaml"), "--client-token", "nightly-1", "--wait"])
+
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"already names job {job_id} with a different spec" in err
+    assert env_stack.messages() == []
+
+
+def test_submit_wait_reports_this_messages_rejection_not_the_job_its_token_names(
+    env_stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given the token's job appears (another submitter's, with another spec) just as this message is rejected
+    job_id = job_id_for(client_token="nightly-1", team="default", message_id=None)
+
+    def a_conflict_is_recorded(seconds: float) -> None:
+        (message,) = env_stack.sqs.receive_message(QueueUrl=env_stack.queue_url)["Messages"]
+        env_stack.add_job(job_id, example="cpu-smoke.json")
+        rejected_id = job_id_for(client_token=None, team=None, message_id=message["MessageId"])
+        conflict = f"client_token: 'nightly-1' of team 'default' already names job {job_id} with a different spec"
+        env_stack.store.create(
+            Job.rejected(job_id=rejected_id, problems=[conflict], excerpt="", now=NOW, message_id="m")
+        )
+
+    monkeypatch.setattr(commands, "sleep", a_conflict_is_recorded)
+
+    code = main(["submit", str(EXAMPLES / "digits.yaml"), "--client-token", "nightly-1", "--wait", "--json"])
+
+    assert code == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["job"]["state"] == "REJECTED"
+    assert printed["job"]["problems"][0].startswith("client_token: ")

@@ -20,12 +20,15 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from gpujobs.runtime.observability import RECORD_TOO_LARGE_METRIC
+from gpujobs.service.jobs import LAUNCH_LEASE
 from gpujobs_local.template import (
     TEMPLATE_PATH,
     as_list,
     function_properties,
     launch_template_data,
     load_template,
+    parameter_default,
     policy_statements,
     properties,
     queue_attributes,
@@ -250,6 +253,58 @@ def test_queue_hides_a_message_for_at_least_six_function_timeouts() -> None:
 
     assert queue_visibility_timeout("JobsQueue") >= 6 * timeout
     assert "FifoQueue" not in properties("JobsQueue")
+
+
+# How long a batch of submissions may take, written down (template.yaml says the same above SubmitFunction).
+SUBNETS_ASSUMED = 3
+MARKETS = 2
+SECONDS_PER_REFUSED_RUNG = 1.0
+"""A refused RunInstances (InsufficientInstanceCapacity and kin) answers in well under a second."""
+SECONDS_FOR_THE_LAUNCH = 5.0
+"""A gang's RunInstances returns once its instances are pending: a few seconds at most."""
+SECONDS_OF_BOOKKEEPING = 4.0
+"""Per message: the job's conditional writes, the run document in S3, the state events."""
+
+
+def test_submit_outlasts_a_full_ladder_walk_for_every_message_of_a_batch() -> None:
+    props = function_properties("SubmitFunction")
+    (event,) = props["Events"].values()
+    types = len(parameter_default("AllowedInstanceTypes").split(","))
+    rungs = types * SUBNETS_ASSUMED * MARKETS
+    per_message = (rungs - 1) * SECONDS_PER_REFUSED_RUNG + SECONDS_FOR_THE_LAUNCH + SECONDS_OF_BOOKKEEPING
+
+    assert props["Timeout"] >= event["Properties"]["BatchSize"] * per_message
+    assert props["Timeout"] <= 900  # Lambda's documented maximum
+
+
+def test_queue_hides_a_message_for_six_submit_timeouts_as_aws_advises() -> None:
+    assert queue_visibility_timeout("JobsQueue") == 6 * function_properties("SubmitFunction")["Timeout"]
+    assert queue_visibility_timeout("JobsQueue") <= 43_200  # SQS's maximum
+
+
+def test_the_launch_lease_outlasts_every_launching_function_and_expires_before_a_redelivery() -> None:
+    launching = [
+        logical_id
+        for logical_id, _ in resources_of_type("AWS::Serverless::Function").items()
+        if "LauncherPolicy" in _managed_policies_of(logical_id)
+    ]
+
+    assert "SubmitFunction" in launching
+    for logical_id in launching:
+        assert LAUNCH_LEASE.total_seconds() > function_properties(logical_id)["Timeout"], logical_id
+    assert LAUNCH_LEASE.total_seconds() < queue_visibility_timeout("JobsQueue")
+
+
+def test_a_job_record_refused_for_its_size_raises_an_alarm_on_the_metric_the_handlers_emit() -> None:
+    alarm = properties("JobRecordTooLargeAlarm")
+    globals_env = load_template()["Globals"]["Function"]["Environment"]["Variables"]
+
+    assert alarm["MetricName"] == RECORD_TOO_LARGE_METRIC
+    assert alarm["Namespace"] == globals_env["POWERTOOLS_METRICS_NAMESPACE"]
+    assert alarm["Dimensions"] == [{"Name": "service", "Value": globals_env["POWERTOOLS_SERVICE_NAME"]}]
+    assert (alarm["Statistic"], alarm["Threshold"], alarm["ComparisonOperator"]) == ("Sum", 0, "GreaterThanThreshold")
+    assert alarm["TreatMissingData"] == "notBreaching"
+    assert alarm["AlarmActions"] == {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
 
 
 def test_a_message_failing_5_times_lands_in_an_encrypted_dlq_that_raises_an_alarm() -> None:
@@ -737,4 +792,4 @@ def test_a_queue_built_from_the_template_moves_a_poison_message_to_the_dlq() -> 
     dead = sqs.receive_message(QueueUrl=dlq_url).get("Messages", [])
     assert [m["Body"] for m in dead] == ["{not json"]
     visibility = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])["Attributes"]
-    assert visibility["VisibilityTimeout"] == "360"
+    assert visibility["VisibilityTimeout"] == "3600"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Job
+from gpujobs.domain.launching import LAUNCH_LEASE
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World, spec
 
@@ -71,7 +73,7 @@ def test_a_launch_stuck_in_launching_is_taken_over_once_its_lease_expires(world:
     world.compute.on_run = None
     (job,) = world.store.list_by_state(JobState.LAUNCHING)
 
-    world.clock.advance(minutes=3)
+    world.clock.current += LAUNCH_LEASE + timedelta(minutes=1)
     report = world.reconciler.run()
 
     assert report.repairs["stuck launches taken over"] == 1

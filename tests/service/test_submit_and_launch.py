@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState
+from gpujobs.service.jobs import LAUNCH_LEASE
 from gpujobs.service.ports import JobNotFoundError
 from tests.service.conftest import World, spec
 
@@ -235,7 +237,7 @@ def test_a_launch_that_crashed_after_run_instances_is_adopted_not_repeated(world
     world.submit(spec(nodes=2), message_id="m-9")  # redelivered before the lease expired: hands off
     assert world.store.get(world.compute.calls[0].job_id).state is JobState.LAUNCHING
 
-    world.clock.advance(minutes=3)
+    world.clock.current += LAUNCH_LEASE + timedelta(minutes=1)
     job = world.submit(spec(nodes=2), message_id="m-9").job
 
     assert job.state is JobState.RUNNING
@@ -304,10 +306,17 @@ def test_a_throttled_launch_releases_its_lease_so_the_redelivered_message_launch
     assert len(world.compute.live()) == 1
 
 
-def test_a_rejected_spec_with_a_client_token_is_recorded_under_the_id_its_submitter_computed(world: World) -> None:
+def test_a_rejected_spec_with_a_client_token_is_recorded_under_its_message_id_leaving_the_token_free(
+    world: World,
+) -> None:
+    # issue 10 reverses the old rule (recorded under the token's id): a bad first submission must
+    # not occupy the id its corrected resubmission takes. `gpujobs submit --wait` watches both ids.
     from gpujobs.domain.job import job_id_for
 
     outcome = world.submit(spec(client_token="tok-7", team="vision", nodes=99), message_id="m-3")
 
     assert outcome.job.state is JobState.REJECTED
-    assert outcome.job.job_id == job_id_for(client_token="tok-7", team="vision", message_id=None)
+    assert outcome.job.job_id == job_id_for(client_token=None, team=None, message_id="m-3")
+    fixed = world.submit(spec(client_token="tok-7", team="vision"), message_id="m-4")
+    assert fixed.job.job_id == job_id_for(client_token="tok-7", team="vision", message_id=None)
+    assert fixed.job.state is JobState.RUNNING

@@ -9,12 +9,13 @@ assertion is what a user relies on: load_spec raises SpecError and one problem l
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpujobs.domain.spec import MAX_SPEC_BYTES, JobSpec, SpecError, load_spec
+from gpujobs.domain.spec import MAX_PROBLEM_CHARS, MAX_PROBLEMS, MAX_SPEC_BYTES, JobSpec, SpecError, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -32,6 +33,7 @@ instance_types: [g5.xlarge, g6.xlarge]
 """
 ALLOWED = ("g5.xlarge", "g6.xlarge", "g5.12xlarge")
 REMOVE = object()
+QUOTES = '"' * 4000
 
 
 def with_(**changes: Any) -> str:
@@ -119,6 +121,56 @@ CASES: list[tuple[str, str | bytes, str]] = [
     ("client_token-empty", with_(client_token=""), "client_token"),
 ]
 
+HOSTILE: list[tuple[str, str | bytes, str]] = [
+    # ---- documents built to break the parser, not to describe a job
+    ("json-nested-past-the-recursion-limit", "[" * 200_000, "(spec)"),
+    ("json-nested-objects", '{"a":' * 50_000 + "1" + "}" * 50_000, "(spec)"),
+    ("yaml-nested-past-the-recursion-limit", "name: " + "[" * 100_000, "(spec)"),
+    ("yaml-a-hundred-thousand-values", "command: [" + ",".join(["1"] * 100_000) + "]\n", "(spec)"),
+    ("json-nested-eleven-levels", with_(idle={"a": [[[[[[[[[[1]]]]]]]]]]}), "(spec)"),
+    ("yaml-billion-laughs", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n", "(spec)"),
+    ("yaml-merge-key", yaml_with("<<: {nodes: 2}\n"), "(spec)"),
+    ("json-duplicate-key", '{"name": "digits", "name": "other"}', "(spec)"),
+    ("yaml-duplicate-key", yaml_with("name: other\n"), "(spec)"),
+    ("yaml-duplicate-env-key", yaml_with("env:\n  A: '1'\n  A: '2'\n"), "(spec)"),
+    ("json-integer-of-5000-digits", '{"nodes": ' + "9" * 5000 + "}", "(spec)"),
+    ("yaml-python-tag", "name: !!python/object/apply:os.system ['id']\n", "(spec)"),
+    ("max_cost_usd-infinity", yaml_with("max_cost_usd: .inf\n"), "max_cost_usd"),
+    ("max_cost_usd-nan", yaml_with("max_cost_usd: .nan\n"), "max_cost_usd"),
+    # a quote is one byte in YAML and two in the JSON the jobs table stores
+    (
+        "stored-json-larger-than-a-record",
+        yaml_with("env:\n" + "".join(f"  Q{i}: '{QUOTES}'\n" for i in range(60))),
+        "(spec)",
+    ),
+    # ---- control characters: a NUL ends an argv string, an ESC drives a terminal
+    ("command-nul", with_(command=["python", "train\u0000.py"]), "command[1]"),
+    ("command-escape-sequence", with_(command=["python", "\u001b[2J"]), "command[1]"),
+    ("command-c1-csi", with_(command=["python", "\u009b31m"]), "command[1]"),
+    ("env-value-escape-sequence", with_(env={"NOTE": "\u001b]0;pwned\u0007"}), "env.NOTE"),
+    ("env-value-carriage-return", with_(env={"NOTE": "a\rb"}), "env.NOTE"),
+    ("client_token-escape-sequence", with_(client_token="\u001b[31mx"), "client_token"),
+    ("name-escape-sequence", with_(name="digits\u001b[31m"), "name"),
+    ("team-nul", with_(team="vision\u0000"), "team"),
+    # ---- reserved names
+    ("env-reserved-docker", with_(env={"DOCKER_HOST": "tcp://evil:2375"}), "env"),
+    ("env-reserved-ld", with_(env={"LD_PRELOAD": "/tmp/evil.so"}), "env"),
+    # ---- credentials belong in secrets:, never in env
+    ("env-aws-access-key-id", with_(env={"KEY": "AKIAIOSFODNN7EXAMPLE"}), "env"),
+    ("env-aws-session-key-id", with_(env={"KEY": "ASIAIOSFODNN7EXAMPLE"}), "env"),
+    (
+        "env-aws-secret-access-key",
+        with_(env={"MY_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}),
+        "env",
+    ),
+    ("env-hugging-face-token", with_(env={"HF": "hf_" + "a1B2" * 9}), "env"),
+    ("env-github-token", with_(env={"GH": "ghp_" + "a1B2" * 9}), "env"),
+    ("env-github-fine-grained-token", with_(env={"GH": "github_pat_" + "a1B2_" * 6}), "env"),
+    ("env-openai-style-key", with_(env={"OPENAI": "sk-" + "a1B2" * 8}), "env"),
+    ("env-slack-token", with_(env={"SLACK": "xoxb-1234567890-abcdefghij"}), "env"),
+]
+CASES += HOSTILE
+
 
 @pytest.mark.parametrize(("document", "field"), [pytest.param(d, f, id=i) for i, d, f in CASES])
 def test_bad_spec_is_refused_naming_its_field(document: str | bytes, field: str) -> None:
@@ -167,3 +219,54 @@ def test_every_example_is_a_valid_spec(example: Path) -> None:
 
 def test_examples_exist() -> None:
     assert {p.name for p in EXAMPLES.iterdir()} >= {"digits.yaml", "digits-2node.yaml", "cpu-smoke.json"}
+
+
+@pytest.mark.parametrize(("document", "field"), [pytest.param(d, f, id=i) for i, d, f in HOSTILE])
+def test_a_hostile_document_is_refused_with_bounded_printable_problems(document: str | bytes, field: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        load_spec(document)
+
+    problems = refused.value.problems
+    assert 1 <= len(problems) <= MAX_PROBLEMS + 1
+    assert all(len(p) <= MAX_PROBLEM_CHARS and p.isprintable() for p in problems), problems
+
+
+def test_twenty_thousand_unknown_fields_are_listed_twenty_and_counted() -> None:
+    document = json.dumps({**BASE, **{f"u{i}": 0 for i in range(20_000)}})
+    assert len(document) < MAX_SPEC_BYTES
+
+    with pytest.raises(SpecError) as refused:
+        load_spec(document)
+
+    problems = refused.value.problems
+    assert len(problems) == MAX_PROBLEMS + 1
+    assert problems[-1] == f"(spec): and {20_000 - MAX_PROBLEMS} more problems"
+
+
+def test_a_credential_in_env_is_never_echoed_in_the_problem() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_spec(with_(env={"TOKEN": "hf_" + "s3cr3t" * 6}))
+
+    (problem,) = refused.value.problems
+    assert "secrets:" in problem
+    assert "s3cr3t" not in problem
+
+
+def test_tab_and_newline_stay_allowed_in_command_arguments_and_env_values() -> None:
+    spec = load_spec(with_(command=["python", "-c", "import sys\n\tprint(1)"], env={"NOTE": "a\tb\nc"}))
+
+    assert spec.command[2] == "import sys\n\tprint(1)"
+
+
+def test_a_forty_character_value_alone_is_not_taken_for_a_secret_key() -> None:
+    assert load_spec(with_(env={"COMMIT": "0123456789abcdef0123456789abcdef01234567"})).env["COMMIT"]
+
+
+def test_a_yaml_document_of_a_hundred_thousand_values_is_refused_before_it_is_read() -> None:
+    document = "command: [" + ",".join(["1"] * 100_000) + "]\n"
+    started = time.perf_counter()
+
+    with pytest.raises(SpecError, match="more than"):
+        load_spec(document)
+
+    assert time.perf_counter() - started < 1.0, "reading it would hold the submit function for seconds"

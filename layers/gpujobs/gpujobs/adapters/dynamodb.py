@@ -5,15 +5,21 @@ lost race (a failed condition, or a TransactionConflict with a concurrent transa
 item) surfaces as ConcurrentUpdateError instead of a silent overwrite or a crash. The job item carries
 `state` and `updated_at` for the sparse `ByState` index; instance items carry `instance_id` for the
 `ByInstance` index. Both lookups are queries; nothing here scans.
+
+An item may not pass 400 KB as DynamoDB counts it (`item_size`). The store measures the job item
+before it writes and refuses an oversized one with JobRecordTooLargeError, as does DynamoDB itself
+(moto draws its own line a little lower, at 405,000 bytes); the in-memory store measures the same item.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
-from gpujobs.service.ports import ConcurrentUpdateError, JobExistsError, JobNotFoundError
+from gpujobs.service.ports import ConcurrentUpdateError, JobExistsError, JobNotFoundError, JobRecordTooLargeError
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -25,16 +31,24 @@ JOB_SK = "JOB"
 LOST_RACE_CODES = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
 """Cancellation reasons that mean another writer got there first: the version check failed, or
 another transaction was writing the same item at that moment. The service retries both."""
+MAX_ITEM_BYTES = 400 * 1024
+"""DynamoDB's item size limit (KB = 1024 bytes)."""
 
 
 def job_pk(job_id: str) -> str:
     return f"JOB#{job_id}"
 
 
+TooLargeObserver = Callable[[JobRecordTooLargeError], None]
+
+
 class DynamoJobStore:
-    def __init__(self, *, table_name: str, client: DynamoDBClient) -> None:
+    def __init__(
+        self, *, table_name: str, client: DynamoDBClient, on_too_large: TooLargeObserver | None = None
+    ) -> None:
         self._table = table_name
         self._ddb = client
+        self._on_too_large = on_too_large
 
     # ---- writes -------------------------------------------------------------------------
     def create(self, job: Job) -> Job:
@@ -42,11 +56,17 @@ class DynamoJobStore:
         try:
             self._ddb.put_item(
                 TableName=self._table,
-                Item=self._job_item(stored),
+                Item=self._item(stored),
                 ConditionExpression="attribute_not_exists(pk)",
             )
         except self._ddb.exceptions.ConditionalCheckFailedException:
             raise JobExistsError(job.job_id) from None
+        except self._ddb.exceptions.ClientError as exc:
+            if _refused_for_size(exc):
+                raise self._refused(
+                    JobRecordTooLargeError(job.job_id, item_size(job_item(stored)), MAX_ITEM_BYTES)
+                ) from exc
+            raise
         return stored
 
     def save(self, job: Job) -> Job:
@@ -55,7 +75,7 @@ class DynamoJobStore:
             {
                 "Put": {
                     "TableName": self._table,
-                    "Item": self._job_item(stored),
+                    "Item": self._item(stored),
                     "ConditionExpression": "#v = :expected",
                     "ExpressionAttributeNames": {"#v": "version"},
                     "ExpressionAttributeValues": {":expected": {"N": str(job.version)}},
@@ -79,6 +99,12 @@ class DynamoJobStore:
             codes = {reason.get("Code") for reason in exc.response.get("CancellationReasons") or []}
             if codes & LOST_RACE_CODES:
                 raise ConcurrentUpdateError(job.job_id, job.version) from None
+            raise
+        except self._ddb.exceptions.ClientError as exc:
+            if _refused_for_size(exc):
+                raise self._refused(
+                    JobRecordTooLargeError(job.job_id, item_size(job_item(stored)), MAX_ITEM_BYTES)
+                ) from exc
             raise
         return stored
 
@@ -121,19 +147,17 @@ class DynamoJobStore:
         return jobs
 
     # ---- items --------------------------------------------------------------------------
-    @staticmethod
-    def _job_item(job: Job) -> Item:
-        return {
-            "pk": {"S": job_pk(job.job_id)},
-            "sk": {"S": JOB_SK},
-            "job_id": {"S": job.job_id},
-            "state": {"S": job.state.value},
-            "updated_at": {"S": job.updated_at.isoformat()},
-            "team": {"S": job.team},
-            "name": {"S": job.name or "-"},
-            "version": {"N": str(job.version)},
-            "doc": {"S": job.model_dump_json(exclude={"version"})},
-        }
+    def _item(self, job: Job) -> Item:
+        try:
+            return sized_job_item(job)
+        except JobRecordTooLargeError as exc:
+            raise self._refused(exc) from None
+
+    def _refused(self, error: JobRecordTooLargeError) -> JobRecordTooLargeError:
+        """Tell the observer (the handlers' metrics), then hand the error back to be raised."""
+        if self._on_too_large is not None:
+            self._on_too_large(error)
+        return error
 
     @staticmethod
     def _instance_item(job_id: str, instance_id: str, attempt: int) -> Item:
@@ -149,3 +173,67 @@ class DynamoJobStore:
     def _from_item(item: Item) -> Job:
         job = Job.model_validate_json(item["doc"]["S"])
         return job.model_copy(update={"version": int(item["version"]["N"])})
+
+
+def job_item(job: Job) -> Item:
+    """The job's DynamoDB item: the whole record as JSON plus the attributes the indexes key on."""
+    return {
+        "pk": {"S": job_pk(job.job_id)},
+        "sk": {"S": JOB_SK},
+        "job_id": {"S": job.job_id},
+        "state": {"S": job.state.value},
+        "updated_at": {"S": job.updated_at.isoformat()},
+        "team": {"S": job.team},
+        "name": {"S": job.name or "-"},
+        "version": {"N": str(job.version)},
+        "doc": {"S": job.model_dump_json(exclude={"version"})},
+    }
+
+
+def sized_job_item(job: Job) -> Item:
+    """`job_item(job)`, or JobRecordTooLargeError when DynamoDB would refuse it for its size."""
+    item = job_item(job)
+    size = item_size(item)
+    if size > MAX_ITEM_BYTES:
+        raise JobRecordTooLargeError(job.job_id, size, MAX_ITEM_BYTES)
+    return item
+
+
+def item_size(item: Item) -> int:
+    """An item's size as DynamoDB counts it: each attribute's UTF-8 name plus its value."""
+    return sum(len(name.encode()) + _value_size(value) for name, value in item.items())
+
+
+def _value_size(value: Any) -> int:
+    ((kind, data),) = value.items()
+    if kind == "S":
+        return len(str(data).encode())
+    if kind == "N":
+        return _number_size(str(data))
+    if kind == "B":
+        return len(data)
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "SS":
+        return sum(len(str(x).encode()) for x in data)
+    if kind == "NS":
+        return sum(_number_size(str(x)) for x in data)
+    if kind == "BS":
+        return sum(len(x) for x in data)
+    if kind == "L":
+        return 3 + sum(1 + _value_size(x) for x in data)
+    if kind == "M":
+        return 3 + sum(1 + len(k.encode()) + _value_size(v) for k, v in data.items())
+    raise ValueError(f"unknown DynamoDB type {kind}")
+
+
+def _number_size(text: str) -> int:
+    """About one byte per two significant digits, plus one."""
+    digits = format(abs(Decimal(text)).normalize(), "f").replace(".", "").strip("0") or "0"
+    return (len(digits) + 1) // 2 + 1
+
+
+def _refused_for_size(exc: Any) -> bool:
+    """DynamoDB's own size refusal (a ValidationException), which moto draws at 405,000 bytes."""
+    error = exc.response.get("Error", {})
+    return error.get("Code") == "ValidationException" and "size" in str(error.get("Message", "")).lower()

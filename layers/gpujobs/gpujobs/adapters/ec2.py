@@ -4,6 +4,10 @@ Capacity refusals become CapacityError so the service walks to the next rung; th
 service errors propagate unchanged so the SQS record is retried; anything else is a
 LaunchRejectedError that no other rung would fix. Every instance and volume is tagged on create,
 which is also what the IAM policy requires before RunInstances is allowed at all.
+
+A multi-node gang launches into a cluster placement group made for its attempt and tagged like its
+instances; the reconciler deletes the groups of ended attempts, because a Region holds only 500
+(`PlacementGroupLimitExceeded`, a CapacityError: the job waits, it does not fail).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
+    LaunchTokenMismatchError,
+    PlacementGroup,
     Subnet,
     TaggedInstance,
 )
@@ -103,6 +109,8 @@ class Ec2Compute:
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
+            if code == "IdempotentParameterMismatch":
+                raise LaunchTokenMismatchError(request.client_token, message) from exc
             kind = classify_launch_error(code)
             if kind is ErrorKind.NEXT_RUNG:
                 raise CapacityError(code, message) from exc
@@ -121,6 +129,31 @@ class Ec2Compute:
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "InvalidPlacementGroup.Duplicate":
                 raise
+
+    def list_placement_groups(self) -> list[PlacementGroup]:
+        filters: list[FilterTypeDef] = [
+            {"Name": f"tag:{STACK_TAG}", "Values": [self._stack]},
+            {"Name": "state", "Values": ["pending", "available"]},
+        ]
+        found: list[PlacementGroup] = []
+        for group in self._ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]:
+            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+            attempt = tags.get(ATTEMPT_TAG, "")
+            if JOB_TAG in tags and attempt.isdecimal():
+                found.append(PlacementGroup(group["GroupName"], tags[JOB_TAG], int(attempt)))
+        return found
+
+    def delete_placement_group(self, name: str) -> bool:
+        try:
+            self._ec2.delete_placement_group(GroupName=name)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "InvalidPlacementGroup.Unknown":
+                return True
+            if code == "InvalidPlacementGroup.InUse":
+                return False
+            raise
+        return True
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         filters: list[FilterTypeDef] = [
@@ -153,13 +186,14 @@ class Ec2Compute:
             for reservation in page["Reservations"]:
                 for inst in reservation["Instances"]:
                     tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-                    if JOB_TAG not in tags:
-                        continue
+                    attempt = tags.get(ATTEMPT_TAG, "0") or "0"
+                    if JOB_TAG not in tags or not attempt.isdecimal():
+                        continue  # not a training instance, or one whose tags someone else wrote
                     found.append(
                         TaggedInstance(
                             instance_id=inst["InstanceId"],
                             job_id=tags[JOB_TAG],
-                            attempt=int(tags.get(ATTEMPT_TAG, "0") or 0),
+                            attempt=int(attempt),
                             state=inst.get("State", {}).get("Name", "unknown"),
                             launched_at=inst["LaunchTime"],
                         )

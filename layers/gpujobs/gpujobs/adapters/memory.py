@@ -1,8 +1,10 @@
 """In-memory implementations of the ports, enforcing the same conditions as the real ones.
 
 Unit tests, the benchmarks and anything that must run without AWS use these. They are fakes, not
-mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and the
-compute fake can be told to refuse chosen pools with the EC2 error codes the launcher handles.
+mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and an
+item over DynamoDB's 400 KB as DynamoDB counts it; the compute fake can be told to refuse chosen
+pools with the EC2 error codes the launcher handles, refuses a reused client token sent with
+other parameters, keeps at most 500 placement groups and will not delete one in use, as EC2 does.
 Each fake also has `faults`, to make a chosen port call fail the next time(s) it is made, so tests
 can show that an effect which fails once is carried out later from the record.
 """
@@ -16,10 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from gpujobs.adapters.dynamodb import sized_job_item
 from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
 from gpujobs.domain.states import JobState
+from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
     CapacityError,
     ConcurrentUpdateError,
@@ -27,6 +32,8 @@ from gpujobs.service.ports import (
     JobNotFoundError,
     LaunchedInstance,
     LaunchRequest,
+    LaunchTokenMismatchError,
+    PlacementGroup,
     StateChanged,
     Subnet,
     TaggedInstance,
@@ -83,6 +90,7 @@ class InMemoryJobStore:
         if job.job_id in self._jobs:
             raise JobExistsError(job.job_id)
         stored = job.model_copy(update={"version": 1})
+        sized_job_item(stored)
         self._jobs[job.job_id] = stored
         return stored
 
@@ -102,6 +110,7 @@ class InMemoryJobStore:
             if current is None or current.version != job.version:
                 raise ConcurrentUpdateError(job.job_id, job.version)
             stored = job.model_copy(update={"version": job.version + 1})
+            sized_job_item(stored)
             self._jobs[job.job_id] = stored
             attempt = job.current_attempt
             for iid in attempt.instance_ids if attempt else ():
@@ -141,8 +150,10 @@ class FakeCompute:
     clock: FixedClock | None = None
     on_run: Callable[[LaunchRequest], None] | None = None
     faults: Faults = field(default_factory=Faults)
+    placement_groups: dict[str, PlacementGroup] = field(default_factory=dict)
+    placement_group_limit: int = 500
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    _by_token: dict[str, list[str]] = field(default_factory=dict)
+    _by_token: dict[str, tuple[LaunchRequest, list[str]]] = field(default_factory=dict)
 
     def subnets(self) -> Sequence[Subnet]:
         return self.subnet_list
@@ -151,8 +162,16 @@ class FakeCompute:
         self.calls.append(request)
         if self.on_run:
             self.on_run(request)
-        if request.client_token in self._by_token:  # EC2 idempotency
-            return [self.instances[i].instance for i in self._by_token[request.client_token]]
+        if request.placement_group and request.placement_group not in self.placement_groups:
+            if len(self.placement_groups) >= self.placement_group_limit:
+                raise CapacityError(PLACEMENT_GROUP_LIMIT_EXCEEDED, "You've reached the limit of placement groups")
+            group = PlacementGroup(request.placement_group, request.job_id, request.attempt)
+            self.placement_groups[request.placement_group] = group
+        if request.client_token in self._by_token:  # EC2 idempotency, parameters included
+            first, ids = self._by_token[request.client_token]
+            if first != request:
+                raise LaunchTokenMismatchError(request.client_token, "parameters differ from the first request")
+            return [self.instances[i].instance for i in ids]
         code = self.refuse.get((request.instance_type, request.subnet.zone, request.market.value))
         if code:
             raise CapacityError(code, f"no {request.market} capacity for {request.instance_type}")
@@ -165,7 +184,7 @@ class FakeCompute:
             launched_at = self.clock.now() if self.clock else datetime(2026, 11, 29, tzinfo=UTC)
             self.instances[iid] = FakeInstance(inst, request, launched_at=launched_at)
             launched.append(inst)
-        self._by_token[request.client_token] = [i.instance_id for i in launched]
+        self._by_token[request.client_token] = (request, [i.instance_id for i in launched])
         return launched
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
@@ -197,6 +216,15 @@ class FakeCompute:
             for iid, f in self.instances.items()
             if f.state != "terminated"
         ]
+
+    def list_placement_groups(self) -> list[PlacementGroup]:
+        return list(self.placement_groups.values())
+
+    def delete_placement_group(self, name: str) -> bool:
+        if any(f.request.placement_group == name and f.state != "terminated" for f in self.instances.values()):
+            return False
+        self.placement_groups.pop(name, None)
+        return True
 
     def live(self) -> list[FakeInstance]:
         return [f for f in self.instances.values() if f.state == "running"]
@@ -304,3 +332,15 @@ class TablePrices:
     @property
     def on_demand_table(self) -> dict[str, float]:
         return {t: price for (t, market), price in self.table.items() if market == Market.ON_DEMAND.value}
+
+
+@dataclass
+class StaticTeamConfig:
+    """A team configuration held in memory; `loads` counts how often the service read it."""
+
+    directory: TeamDirectory
+    loads: int = 0
+
+    def load(self) -> TeamDirectory:
+        self.loads += 1
+        return self.directory

@@ -28,8 +28,8 @@ class BilledPool:
 
 
 def runtime_of(job: Job, now: datetime) -> timedelta:
-    """Time the job has held instances, over all its attempts."""
-    total = timedelta()
+    """Time the job has held instances, over all its attempts (retired ones included)."""
+    total = job.retired.runtime
     for attempt in job.attempts:
         if attempt.instance_ids:
             total += (attempt.ended_at or now) - attempt.started_at
@@ -37,8 +37,9 @@ def runtime_of(job: Job, now: datetime) -> timedelta:
 
 
 def billed_pools(job: Job) -> set[BilledPool]:
-    """The pools the job's attempts held instances in: the prices `cost_of` needs."""
-    return {pool for attempt in job.attempts if (pool := _pool_of(attempt)) is not None}
+    """The pools the job's attempts held instances in (retired ones included): the prices `cost_of` needs."""
+    retired = {BilledPool(u.instance_type, u.market, u.zone) for u in job.retired.usage if u.instance_type}
+    return retired | {pool for attempt in job.attempts if (pool := _pool_of(attempt)) is not None}
 
 
 def cost_of(job: Job, now: datetime, hourly_usd: Mapping[BilledPool, float | None]) -> float:
@@ -48,7 +49,12 @@ def cost_of(job: Job, now: datetime, hourly_usd: Mapping[BilledPool, float | Non
     `billed_pools`, erring high (`price_erring_high`) where a price is unknown. An attempt without a
     recorded market was launched on demand.
     """
-    total = 0.0
+    total = sum(
+        usage.instance_seconds
+        / 3600
+        * (hourly_usd.get(BilledPool(usage.instance_type, usage.market, usage.zone)) or 0.0)
+        for usage in job.retired.usage
+    )
     for attempt in job.attempts:
         pool = _pool_of(attempt)
         if pool is None:

@@ -4,19 +4,43 @@ A Job is an immutable value. Every change returns a new Job whose `version` is u
 bumps the version when it saves, conditional on the version it read, so two writers can never both
 win. Only `transition()` moves the state, and it asks `states.check_transition` first, so the
 state machine is enforced in one place whatever code path asks for the move.
+
+The record is one DynamoDB item, and an item cannot pass 400 KB. A job may wait weeks for capacity
+(a new attempt with a ladder's worth of refusals every half hour) or be interrupted a hundred times,
+so the record keeps only the newest `MAX_HISTORY_KEPT` transitions, `MAX_ATTEMPTS_KEPT` finished
+attempts and `MAX_TRIES_KEPT` refusals per attempt, with counts of what it let go; every free-text
+detail is capped at `MAX_DETAIL_CHARS`. What the runtime and cost caps need of a retired attempt
+(how long it held how many instances of which pool) is folded into `RetiredAttempts` first.
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpujobs.contract import container_name
 from gpujobs.domain.spec import JobSpec
 from gpujobs.domain.states import JobState, Reason, check_transition
+
+MAX_DETAIL_CHARS = 400
+"""Longest free text kept (EC2's capacity messages run to about 300 characters)."""
+MAX_HISTORY_KEPT = 40
+MAX_ATTEMPTS_KEPT = 4
+"""Finished attempts kept in full besides any unfinished one; older ones become `RetiredAttempts`."""
+MAX_TRIES_KEPT = 12
+"""Refused rungs kept per attempt: the newest, which say why the latest walk found nothing."""
+MAX_PROBLEMS_KEPT = 20
+
+
+def cap_detail(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1] + "…"
+
+
+Detail = Annotated[str, AfterValidator(cap_detail)]
 
 
 class Market(StrEnum):
@@ -34,7 +58,7 @@ class HistoryEntry(_Frozen):
     target: JobState
     reason: Reason
     attempt: int | None = None
-    detail: str = ""
+    detail: Detail = ""
 
 
 class LaunchTry(_Frozen):
@@ -46,7 +70,7 @@ class LaunchTry(_Frozen):
     subnet_id: str
     market: Market
     error_code: str
-    message: str = ""
+    message: Detail = ""
 
 
 class Attempt(_Frozen):
@@ -65,6 +89,8 @@ class Attempt(_Frozen):
     ended_at: datetime | None = None
     end_reason: str | None = None
     tries: tuple[LaunchTry, ...] = ()
+    tries_dropped: int = 0
+    """Refusals older than the newest `MAX_TRIES_KEPT`, counted but no longer kept."""
     lease_expires_at: datetime | None = None
     """While LAUNCHING: until when the launcher that started this attempt owns it."""
     interrupted_at: datetime | None = None
@@ -101,9 +127,63 @@ class Attempt(_Frozen):
     def is_over(self) -> bool:
         return self.ended_at is not None
 
-    def client_token(self, job_id: str, rung: int) -> str:
-        """EC2 idempotency token: a retried RunInstances for the same rung never doubles instances."""
-        return f"{job_id}-a{self.number}-r{rung}"
+    def client_token(self, job_id: str, *, instance_type: str, subnet_id: str, market: Market) -> str:
+        """EC2 idempotency token for launching this attempt into one pool (type, subnet, market).
+
+        Derived from the pool, not from the rung's position in the ladder: a takeover whose ladder
+        is ordered differently (a reclaimed pool moved last, on-demand removed by a forecast, a
+        subnet added) still sends a pool the token it was sent before, so a retry can never send a
+        token EC2 remembers with another pool's parameters. The subnet, not just its zone, because
+        two subnets of one zone are two requests. At most 64 ASCII characters, as EC2 requires.
+        """
+        pool = hashlib.sha256(f"{instance_type}|{subnet_id}|{market.value}".encode()).hexdigest()[:16]
+        return f"{job_id}-a{self.number}-{pool}"
+
+
+class PoolUsage(_Frozen):
+    """Instance-seconds a job's retired attempts spent in one pool."""
+
+    instance_type: str
+    zone: str | None
+    market: Market
+    instance_seconds: float
+
+
+class RetiredAttempts(_Frozen):
+    """What the attempts dropped from the record held, so runtime and cost caps still count them."""
+
+    count: int = 0
+    runtime_seconds: float = 0.0
+    """Wall time the retired attempts held instances."""
+    usage: tuple[PoolUsage, ...] = ()
+    no_capacity_in_a_row: int = 0
+    """How many of the newest retired attempts found no capacity, so the retry backoff keeps growing."""
+
+    def including(self, attempt: Attempt) -> RetiredAttempts:
+        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason == Reason.NO_CAPACITY.value else 0
+        if not attempt.instance_ids or attempt.ended_at is None:
+            return self.model_copy(update={"count": self.count + 1, "no_capacity_in_a_row": in_a_row})
+        held = (attempt.ended_at - attempt.started_at).total_seconds()
+        market = attempt.market or Market.ON_DEMAND
+        pool = (attempt.instance_type or "", attempt.zone, market)
+        usage = list(self.usage)
+        spent = held * len(attempt.instance_ids)
+        for index, known in enumerate(usage):
+            if (known.instance_type, known.zone, known.market) == pool:
+                usage[index] = known.model_copy(update={"instance_seconds": known.instance_seconds + spent})
+                break
+        else:
+            usage.append(PoolUsage(instance_type=pool[0], zone=pool[1], market=market, instance_seconds=spent))
+        return RetiredAttempts(
+            count=self.count + 1,
+            runtime_seconds=self.runtime_seconds + held,
+            usage=tuple(usage),
+            no_capacity_in_a_row=in_a_row,
+        )
+
+    @property
+    def runtime(self) -> timedelta:
+        return timedelta(seconds=self.runtime_seconds)
 
 
 class StopRequest(_Frozen):
@@ -114,7 +194,7 @@ class StopRequest(_Frozen):
     requested_at: datetime
     deadline: datetime
     checkpoint_step_at_request: int | None = None
-    detail: str = ""
+    detail: Detail = ""
     executed_at: datetime | None = None
     """When the instances were terminated (spot) or stopped (on-demand) for this request."""
 
@@ -133,7 +213,10 @@ class Job(_Frozen):
     """Validation messages of a REJECTED submission, one per problem, each naming its field."""
     submission_excerpt: str = ""
     history: tuple[HistoryEntry, ...] = ()
+    history_dropped: int = 0
+    """Transitions older than the newest `MAX_HISTORY_KEPT`, counted but no longer kept."""
     attempts: tuple[Attempt, ...] = ()
+    retired: RetiredAttempts = RetiredAttempts()
     interruptions: int = 0
     crashes: int = 0
     checkpoint_step: int | None = None
@@ -143,7 +226,7 @@ class Job(_Frozen):
     hold_reason: str | None = None
     stop_request: StopRequest | None = None
     source_message_id: str | None = None
-    status_detail: str = Field(default="", description="last human-readable word on this job")
+    status_detail: Detail = Field(default="", description="last human-readable word on this job")
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -158,6 +241,21 @@ class Job(_Frozen):
     @property
     def all_instance_ids(self) -> tuple[str, ...]:
         return tuple(i for a in self.attempts for i in a.instance_ids)
+
+    @property
+    def attempt_count(self) -> int:
+        """Attempts ever started, retired ones included (attempts are numbered from 1)."""
+        return self.attempts[-1].number if self.attempts else self.retired.count
+
+    @property
+    def history_count(self) -> int:
+        """Transitions ever recorded, dropped ones included."""
+        return self.history_dropped + len(self.history)
+
+    def history_since(self, before: Job | None) -> tuple[HistoryEntry, ...]:
+        """The transitions this job has that `before` (an earlier read of it) had not."""
+        new = self.history_count - (before.history_count if before else 0)
+        return self.history[max(0, len(self.history) - new) :] if new > 0 else ()
 
     def attempt(self, number: int) -> Attempt | None:
         return next((a for a in self.attempts if a.number == number), None)
@@ -193,10 +291,10 @@ class Job(_Frozen):
                 "state": target,
                 "updated_at": now,
                 "history": (*self.history, entry),
-                "status_detail": detail or reason.value,
+                "status_detail": cap_detail(detail or reason.value),
                 **changes,
             }
-        )
+        )._bounded()
 
     def with_attempt(self, attempt: Attempt, *, now: datetime) -> Job:
         """Replace the attempt with the same number, or append it as a new one."""
@@ -207,7 +305,31 @@ class Job(_Frozen):
                 break
         else:
             attempts.append(attempt)
-        return self.model_copy(update={"attempts": tuple(attempts), "updated_at": now})
+        return self.model_copy(update={"attempts": tuple(attempts), "updated_at": now})._bounded()
+
+    def _bounded(self) -> Job:
+        """This job with its history, attempts and tries cut to what the record keeps."""
+        changes: dict[str, object] = {}
+        if len(self.history) > MAX_HISTORY_KEPT:
+            drop = len(self.history) - MAX_HISTORY_KEPT
+            changes.update(history=self.history[drop:], history_dropped=self.history_dropped + drop)
+        kept: list[Attempt] = []
+        retired, cut = self.retired, False
+        finished = sum(1 for a in self.attempts if a.is_over)
+        for attempt in self.attempts:
+            if attempt.is_over and finished > MAX_ATTEMPTS_KEPT:
+                retired, finished, cut = retired.including(attempt), finished - 1, True
+                continue
+            if len(attempt.tries) > MAX_TRIES_KEPT:
+                drop = len(attempt.tries) - MAX_TRIES_KEPT
+                attempt = attempt.model_copy(  # noqa: PLW2901 - the kept, shortened attempt
+                    update={"tries": attempt.tries[drop:], "tries_dropped": attempt.tries_dropped + drop}
+                )
+                cut = True
+            kept.append(attempt)
+        if cut:
+            changes.update(attempts=tuple(kept), retired=retired)
+        return self.model_copy(update=changes) if changes else self
 
     @classmethod
     def submitted(cls, *, job_id: str, spec: JobSpec, now: datetime, message_id: str | None) -> Job:
@@ -229,6 +351,9 @@ class Job(_Frozen):
     @classmethod
     def rejected(cls, *, job_id: str, problems: list[str], excerpt: str, now: datetime, message_id: str | None) -> Job:
         check_transition(None, JobState.REJECTED, Reason.INVALID_SPEC)
+        if len(problems) > MAX_PROBLEMS_KEPT:
+            more = len(problems) - MAX_PROBLEMS_KEPT
+            problems = [*problems[:MAX_PROBLEMS_KEPT], f"... and {more} more problem(s)"]
         entry = HistoryEntry(
             at=now,
             source=None,
@@ -241,11 +366,11 @@ class Job(_Frozen):
             state=JobState.REJECTED,
             created_at=now,
             updated_at=now,
-            problems=tuple(problems),
+            problems=tuple(cap_detail(p) for p in problems),
             submission_excerpt=excerpt[:1024],
             history=(entry,),
             source_message_id=message_id,
-            status_detail="; ".join(problems)[:1024],
+            status_detail="; ".join(problems),
         )
 
 

@@ -96,8 +96,11 @@ CAPACITY_ERROR_CODES = frozenset(
         "InvalidParameterCombination",
         "InsufficientFreeAddressesInSubnet",
         "CapacityNotAvailable",
+        "PlacementGroupLimitExceeded",
     }
 )
+PLACEMENT_GROUP_LIMIT_EXCEEDED = "PlacementGroupLimitExceeded"
+"""500 placement groups per Region: no rung fixes it, but the groups of ended jobs being swept does."""
 TRANSIENT_ERROR_CODES = frozenset(
     {
         "RequestLimitExceeded",

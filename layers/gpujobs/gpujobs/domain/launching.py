@@ -25,11 +25,13 @@ from gpujobs.domain.effects import (
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
 from gpujobs.domain.states import JobState, Reason
 
-LAUNCH_LEASE = timedelta(seconds=120)
+LAUNCH_LEASE = timedelta(minutes=11)
 """How long a launcher owns a LAUNCHING attempt before a retry may take it over.
 
-Shorter than the queue's visibility timeout, so a message redelivered after a crashed launch finds
-the lease expired and finishes the launch (adopting any instances the crashed one started).
+Longer than any launching function's timeout (Submit: 600 s), so a launcher still walking the
+ladder is never taken over by a second one; shorter than the queue's visibility timeout (3600 s),
+so a message redelivered after a crashed launch finds the lease expired and finishes the launch
+(adopting any instances the crashed one started). A launch that fails cleanly releases it at once.
 """
 
 
@@ -75,7 +77,7 @@ def claim_launch(job: Job, *, now: datetime, hold: str | None) -> Decision:
         renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
         return Decision(Outcome.LAUNCH_CLAIMED, job.with_attempt(renewed, now=now), detail="launch taken over")
     fresh = Attempt(
-        number=len(job.attempts) + 1,
+        number=job.attempt_count + 1,
         started_at=now,
         resume_from_step=job.checkpoint_step,
         lease_expires_at=now + LAUNCH_LEASE,

@@ -6,18 +6,24 @@ typo (`gpu_per_node`) is an error instead of a silently ignored setting. The sta
 allow-list is deployment configuration, so it is checked against a validation context rather than
 being baked into the model; so is the set of instance types with a known price, which a
 `max_cost_usd` needs.
+
+Whoever may send to the queue writes these documents, so reading one never fails any other way than
+with a `SpecError` whose problems are bounded (`MAX_PROBLEMS` lines of at most `MAX_PROBLEM_CHARS`):
+the parser's hazards are closed in `documents`, control characters (a NUL ends an argv string; an
+ESC drives the terminal of whoever reads the job) are refused in every string a job carries, and so
+are `env` values shaped like credentials (`credentials`), which belong in `secrets:`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
+    AfterValidator,
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,13 +34,24 @@ from pydantic import (
     field_validator,
 )
 
+from gpujobs.domain import documents
+from gpujobs.domain.credentials import credential_kind
+
 MAX_SPEC_BYTES = 256 * 1024
-"""A spec must fit in one SQS message."""
+"""A spec must fit in one SQS message, also in the JSON form the jobs table stores."""
+MAX_PROBLEMS = 20
+"""Problems listed for one spec; the rest are counted ("and N more")."""
+MAX_PROBLEM_CHARS = 300
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 TEAM_PATTERN = r"^[a-z0-9-]{1,63}$"
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
-RESERVED_ENV_PREFIXES = ("AWS_", "GPUJOBS_")
+RESERVED_ENV_PREFIXES = ("AWS_", "GPUJOBS_", "DOCKER_", "LD_")
+"""Set by gpujobs (AWS_*, GPUJOBS_*), or able to change what the container runtime or the dynamic
+loader does before the training code starts (DOCKER_*, LD_PRELOAD and friends)."""
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 controls and DEL; tab and newline are allowed in command arguments and env values."""
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # registry/repo[:tag][@sha256:digest]; lowercase repository path components as Docker requires.
 IMAGE_PATTERN = (
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
@@ -43,12 +60,23 @@ IMAGE_PATTERN = (
 INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"
 
 StrictInt = Annotated[int, Strict()]
-StrictNumber = Annotated[float, Strict()]
-"""Numbers must be numbers: YAML `yes` or the JSON string "2" is an error, not 1 or 2."""
+StrictNumber = Annotated[float, Strict(), AllowInfNan(allow_inf_nan=False)]
+"""Numbers must be numbers: YAML `yes` or the JSON string "2" is an error, not 1 or 2; `.inf` and
+`.nan` are errors too (a cap of infinity is no cap, and JSON cannot store either)."""
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Team = Annotated[str, StringConstraints(pattern=TEAM_PATTERN)]
 InstanceType = Annotated[str, StringConstraints(pattern=INSTANCE_TYPE_PATTERN)]
 Image = Annotated[str, StringConstraints(pattern=IMAGE_PATTERN, max_length=512)]
+
+
+def _printable(text: str) -> str:
+    found = CONTROL_CHARACTERS.search(text)
+    if found:
+        raise ValueError(f"contains the control character U+{ord(found.group()):04X}; only tab and newline are allowed")
+    return text
+
+
+Text = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_printable)]
 
 
 class Capacity(StrEnum):
@@ -81,11 +109,13 @@ class JobSpec(BaseModel):
 
     name: Name = Field(description="lowercase letters, digits and '-', 1 to 63 chars, starting with a letter")
     image: Image = Field(description="container image: registry/repo[:tag][@sha256:digest]")
-    command: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(
+    command: list[Text] = Field(
         min_length=1, max_length=256, description="argv of the training process; never run through a shell"
     )
-    env: dict[str, Annotated[str, StringConstraints(max_length=4096)]] = Field(
-        default_factory=dict, description="environment for the container; AWS_* and GPUJOBS_* are reserved"
+    env: dict[str, Text] = Field(
+        default_factory=dict,
+        description="environment for the container; AWS_*, GPUJOBS_*, DOCKER_* and LD_* are reserved; "
+        "credentials go in secrets:, never here",
     )
     nodes: StrictInt = Field(default=1, ge=1, le=64, description="instances in the gang")
     gpus_per_node: StrictInt = Field(default=1, ge=0, le=8, description="0 for CPU smoke jobs")
@@ -100,16 +130,21 @@ class JobSpec(BaseModel):
     checkpoint_every_minutes: StrictInt = Field(default=30, ge=1, le=1440)
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
     team: Team = "default"
-    client_token: str | None = Field(default=None, min_length=1, max_length=64)
+    client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        bad = [f"{k!r} must match {ENV_NAME_PATTERN}" for k in env if not re.fullmatch(ENV_NAME_PATTERN, k)]
+        bad = [f"{k[:64]!r} must match {ENV_NAME_PATTERN}" for k in env if not re.fullmatch(ENV_NAME_PATTERN, k)]
         bad += [
-            f"{k!r} is reserved (AWS_* and GPUJOBS_* are set by gpujobs)"
+            f"{k!r} is reserved (AWS_*, GPUJOBS_*, DOCKER_* and LD_* are set by gpujobs or change the runtime)"
             for k in env
             if k.startswith(RESERVED_ENV_PREFIXES)
+        ]
+        bad += [
+            f"{k!r} looks like {kind}: pass credentials with the spec's `secrets:` field, never in env"
+            for k, v in env.items()
+            if (kind := credential_kind(k, v, env)) is not None
         ]
         if bad:
             raise ValueError("; ".join(bad))
@@ -154,8 +189,28 @@ class SpecError(Exception):
     """A submission that is not a valid job spec. `problems` are one line each, naming the field."""
 
     def __init__(self, problems: list[str]) -> None:
-        super().__init__("; ".join(problems))
-        self.problems = problems
+        self.problems = bounded(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def bounded(problems: list[str]) -> list[str]:
+    """At most MAX_PROBLEMS lines of at most MAX_PROBLEM_CHARS each, then a count of the rest."""
+    lines = [_one_line(p) for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        lines.append(f"(spec): and {len(problems) - MAX_PROBLEMS} more problems")
+    return lines
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (tab and newline too) spelled out as `\\xNN`: safe to
+    show on one line of a terminal, whoever wrote it."""
+    return _ANY_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", text)
+
+
+def _one_line(problem: str) -> str:
+    """`problem` printable (it names fields the submitter chose), cut short."""
+    shown = printable(problem)
+    return shown if len(shown) <= MAX_PROBLEM_CHARS else shown[: MAX_PROBLEM_CHARS - 3] + "..."
 
 
 def _field_path(loc: Iterable[int | str]) -> str:
@@ -175,7 +230,7 @@ def describe_errors(error: ValidationError) -> list[str]:
             message = "unknown field (not part of the job spec)"
         elif err["type"] == "string_pattern_mismatch":
             rule = _PATTERN_RULES.get(str((err.get("ctx") or {}).get("pattern")), message)
-            message = f"must be {rule} (got {err['input']!r})"
+            message = f"must be {rule} (got {str(err['input'])[:64]!r})"
         lines.append(f"{field}: {message}")
     return lines
 
@@ -189,15 +244,12 @@ def parse_document(text: str | bytes) -> Mapping[str, Any]:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([f"(spec): not UTF-8 text ({exc.reason} at byte {exc.start})"]) from exc
-    stripped = decoded.lstrip()
-    if not stripped:
+    if not decoded.strip():
         raise SpecError(["(spec): empty document"])
     try:
-        data = json.loads(decoded) if stripped.startswith(("{", "[")) else yaml.safe_load(decoded)
-    except json.JSONDecodeError as exc:
-        raise SpecError([f"(spec): invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]) from exc
-    except yaml.YAMLError as exc:
-        raise SpecError([f"(spec): invalid YAML: {str(exc).splitlines()[0]}"]) from exc
+        data = documents.load(decoded)
+    except documents.DocumentError as exc:
+        raise SpecError([f"(spec): {exc}"]) from exc
     if not isinstance(data, dict):
         raise SpecError([f"(spec): expected a mapping of fields, got {type(data).__name__}"])
     return data
@@ -217,9 +269,13 @@ def validate_spec(
     if priced_instance_types is not None:
         context["priced_instance_types"] = frozenset(priced_instance_types)
     try:
-        return JobSpec.model_validate(data, context=context)
+        spec = JobSpec.model_validate(data, context=context)
     except ValidationError as exc:
         raise SpecError(describe_errors(exc)) from exc
+    stored = len(spec.model_dump_json().encode())
+    if stored > MAX_SPEC_BYTES:
+        raise SpecError([f"(spec): {stored} bytes as stored JSON, more than a job record holds ({MAX_SPEC_BYTES})"])
+    return spec
 
 
 def load_spec(text: str | bytes, *, allowed_instance_types: Iterable[str] | None = None) -> JobSpec:

@@ -24,6 +24,7 @@ from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
 from gpujobs.adapters.prices import packaged_on_demand_prices
 from gpujobs.adapters.s3 import S3BlobStore
+from gpujobs.adapters.teams import SsmTeamConfig
 from gpujobs.runtime.settings import Need, Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
 
@@ -80,8 +81,14 @@ def render_user_data_lazily(doc: Any) -> str | bytes:
 
 
 def build_job_service(settings: Settings) -> JobService:
+    # Imported here, not at the top: the handlers configure Powertools (observability) from their own
+    # environment when they are imported; wiring must not create its logger and metrics earlier.
+    from gpujobs.runtime.observability import count_record_too_large
+
     return JobService(
-        store=DynamoJobStore(table_name=settings.table_name, client=client("dynamodb", settings)),
+        store=DynamoJobStore(
+            table_name=settings.table_name, client=client("dynamodb", settings), on_too_large=count_record_too_large
+        ),
         compute=Ec2Compute(
             client=client("ec2", settings),
             launch_template_id=settings.launch_template_id,
@@ -102,6 +109,9 @@ def build_job_service(settings: Settings) -> JobService:
         render_user_data=render_user_data_lazily,
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),
         alarms=CloudWatchIdleAlarms(client=client("cloudwatch", settings), stack_name=settings.stack_name),
+        teams=SsmTeamConfig(client=client("ssm", settings), parameter_name=settings.teams_parameter)
+        if settings.teams_parameter
+        else None,
     )
 
 

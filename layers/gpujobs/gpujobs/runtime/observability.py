@@ -16,6 +16,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 if TYPE_CHECKING:
+    from gpujobs.service.ports import JobRecordTooLargeError
     from gpujobs.service.reactions import Reaction
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,3 +67,13 @@ def report(reaction: Reaction, **context: object) -> None:
         )
     if reaction.ignored:
         metrics.add_metric(name="EventsIgnored", unit=MetricUnit.Count, value=1)
+
+
+RECORD_TOO_LARGE_METRIC = "JobRecordsTooLarge"
+"""Alarmed in template.yaml (JobRecordTooLargeAlarm): a job whose record DynamoDB would refuse."""
+
+
+def count_record_too_large(error: JobRecordTooLargeError) -> None:
+    """The store refused a job's record for its size: say so loudly, once per refused write."""
+    logger.error("job record too large", extra={"job_id": error.job_id, "size": error.size, "limit": error.limit})
+    metrics.add_metric(name=RECORD_TOO_LARGE_METRIC, unit=MetricUnit.Count, value=1)

@@ -135,7 +135,6 @@ def wants_launch(decision: Decision) -> bool:
 def publish_changes(publisher: EventPublisher, before: Job | None, after: Job) -> None:
     """Publish every transition `after` has that `before` had not. Never fails the caller:
     the store is the source of truth and the event is a notification of it."""
-    seen = len(before.history) if before else 0
     events = [
         StateChanged(
             job_id=after.job_id,
@@ -149,7 +148,7 @@ def publish_changes(publisher: EventPublisher, before: Job | None, after: Job) -
             at=entry.at,
             extra=_event_extra(after, entry.target),
         )
-        for entry in after.history[seen:]
+        for entry in after.history_since(before)
     ]
     if not events:
         return

@@ -5,10 +5,17 @@ write the decision conditionally on the version read, publish what changed, then
 race is not an error to the caller: the loser decides again on the fresh record. A redelivered
 message maps to the same deterministic job id, so it can never create a second job or a second set
 of instances.
+
+Submissions come from whoever may send to the queue, so a job id is only ever taken by a spec that
+its sender may submit for its team (`domain.teams`): a refused or invalid submission is recorded
+REJECTED under the id of its own message, never under the (team, client_token) id a valid spec would
+take, and a token reused with a different spec is a conflict recorded the same way, never mapped
+onto the job that token names. A cancel is honoured only from a principal of the job's team.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import re
@@ -16,15 +23,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpujobs.contract import placement_group_name
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
+from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
-from gpujobs.domain.ladder import Rung, SubnetZone, next_try_at, plan_ladder
-from gpujobs.domain.launching import Gang, cancel, claim_launch, end_launch, record_launch
+from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.launching import LAUNCH_LEASE, Gang, cancel, claim_launch, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
-from gpujobs.domain.spec import TEAM_PATTERN, JobSpec, SpecError, parse_document, validate_spec
+from gpujobs.domain.spec import JobSpec, SpecError, parse_document, validate_spec
 from gpujobs.domain.states import JobState, Reason
+from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.changes import Actuator, Applied, Backoff, change, publish_changes, wants_launch
 from gpujobs.service.ports import (
     BlobStore,
@@ -32,6 +41,7 @@ from gpujobs.service.ports import (
     CapacityError,
     Clock,
     Compute,
+    ConcurrentUpdateError,
     EventPublisher,
     IdleAlarms,
     JobExistsError,
@@ -39,10 +49,23 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
+    LaunchTokenMismatchError,
     Signaller,
+    TeamConfigSource,
 )
 
 log = logging.getLogger(__name__)
+
+JOB_ID_PATTERN = r"^j-[0-9a-f]{16}$"
+
+
+class CancelRefusedError(Exception):
+    """A cancel from a sender that may not act for the job's team: logged, counted and consumed."""
+
+    def __init__(self, job_id: str, sender: str | None) -> None:
+        super().__init__(f"{sender or '(unknown sender)'} may not cancel {job_id}")
+        self.job_id = job_id
+        self.sender = sender
 
 
 @dataclass(frozen=True)
@@ -76,8 +99,15 @@ class JobService:
     render_user_data: UserDataRenderer
     budgets: BudgetBook
     alarms: IdleAlarms
+    teams: TeamConfigSource | None = None
+    """Who may act for which team; None: no team configuration (single-tenant, see domain.teams)."""
     jitter: Callable[[], float] = field(default=random.random)
     backoff: Backoff = field(default_factory=Backoff)
+
+    @functools.cached_property
+    def team_directory(self) -> TeamDirectory:
+        """Loaded on first use, once per service (a Lambda container keeps one service)."""
+        return TeamDirectory.open() if self.teams is None else self.teams.load()
 
     # ---- the one way to change a job ----------------------------------------------------------
     def change(self, job_id: str, decide: Callable[[Job], Decision]) -> Applied:
@@ -93,22 +123,31 @@ class JobService:
         Actuator(self.compute, self.alarms, signaller).carry_out(effects)
 
     # ---- submit ---------------------------------------------------------------------------
-    def handle_message(self, body: str, *, message_id: str) -> SubmitOutcome:
-        """One SQS message: a job spec to run, or `{"cancel_job_id": ...}`."""
+    def handle_message(self, body: str, *, message_id: str, sender: str | None = None) -> SubmitOutcome:
+        """One SQS message from `sender` (its SenderId): a job spec to run, or `{"cancel_job_id": ...}`.
+
+        Raises CancelRefusedError for a cancel `sender` may not make, JobNotFoundError for a cancel
+        naming no job; anything the message itself gets wrong is recorded REJECTED.
+        """
         try:
             document = parse_document(body)
             if set(document) == {"cancel_job_id"}:
-                return SubmitOutcome(self.cancel(str(document["cancel_job_id"])), created=False)
+                return SubmitOutcome(self._cancel_from(sender, document["cancel_job_id"]), created=False)
             spec = validate_spec(
                 document,
                 allowed_instance_types=self.config.allowed_instance_types or None,
                 priced_instance_types=self.config.priced_instance_types,
             )
+            refusal = self.team_directory.refusal(spec, sender)
+            if refusal:
+                raise SpecError(refusal)
         except SpecError as exc:
             return self._reject(body, exc.problems, message_id=message_id)
         return self.submit(spec, message_id=message_id)
 
-    def submit(self, spec: JobSpec, *, message_id: str | None) -> SubmitOutcome:
+    def submit(self, spec: JobSpec, *, message_id: str) -> SubmitOutcome:
+        """Record and launch an admitted spec. Its client_token names one job: the same spec again
+        is that job; a different spec under the same token is rejected as a conflict."""
         job_id = job_id_for(client_token=spec.client_token, team=spec.team, message_id=message_id)
         created = True
         try:
@@ -118,15 +157,21 @@ class JobService:
             self.publish_changes(None, job)
         except JobExistsError:
             job, created = self.store.get(job_id), False
+            if job.spec != spec:
+                conflict = (
+                    f"client_token: {spec.client_token!r} of team {spec.team!r} already names job {job_id}"
+                    " with a different spec; use a new client_token for a new job"
+                )
+                return self._reject(spec.model_dump_json(), [conflict], message_id=message_id)
         if job.state is JobState.QUEUED or job.state is JobState.LAUNCHING:
             job = self.launch(job.job_id)
         return SubmitOutcome(job, created)
 
     def _reject(self, body: str, problems: list[str], *, message_id: str) -> SubmitOutcome:
-        token, team = _identity_of(body)
-        job_id = job_id_for(client_token=token, team=team, message_id=message_id)
+        """Record a refused message under its own message's id: never under an id a valid spec could take."""
+        job_id = job_id_for(client_token=None, team=None, message_id=message_id)
         rejected = Job.rejected(
-            job_id=job_id, problems=problems, excerpt=body, now=self.clock.now(), message_id=message_id
+            job_id=job_id, problems=problems, excerpt=redact(body[:2048]), now=self.clock.now(), message_id=message_id
         )
         try:
             job = self.store.create(rejected)
@@ -173,17 +218,35 @@ class JobService:
         existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
         if len(existing) >= spec.nodes:  # a crashed launcher got this far: adopt, never launch twice
             return self._record_launched(job, existing, subnet_id=attempt.subnet_id, tries=attempt.tries)
+        if is_partial_gang(existing, nodes=spec.nodes):  # one gang per attempt: this one goes, a new one starts
+            survivors = [i.instance_id for i in sorted(existing, key=lambda i: i.launch_index)]
+            self.compute.terminate(survivors)
+            try:
+                restarted = self.store.save(started_over(job, survivors, now=self.clock.now(), lease=LAUNCH_LEASE))
+            except ConcurrentUpdateError:
+                return self.store.get(job.job_id)
+            return self._walk_ladder(restarted, spot_only=spot_only)
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.compute.subnets()]
         ladder = plan_ladder(
             spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
         )
         user_data = self._user_data(job, attempt)
         tries = list(attempt.tries)
-        for index, rung in enumerate(ladder):
-            request = self._request(job, attempt, rung, index, user_data)
+        for rung in ladder:
+            request = self._request(job, attempt, rung, user_data)
             try:
                 launched = self.compute.run_instances(request)
             except CapacityError as exc:
+                tries.append(_try(rung, exc.code, exc.message, self.clock.now()))
+                if exc.code == PLACEMENT_GROUP_LIMIT_EXCEEDED:
+                    break  # no rung fixes it; the reconciler's sweep of ended jobs' groups does
+                continue
+            except LaunchTokenMismatchError as exc:
+                # An earlier launcher of this attempt sent this pool other parameters (its run
+                # document named an older checkpoint). Adopt its gang if it is there; else move on.
+                existing = self.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
+                if len(existing) >= spec.nodes:
+                    return self._record_launched(job, existing, subnet_id=rung.subnet_id, tries=tuple(tries))
                 tries.append(_try(rung, exc.code, exc.message, self.clock.now()))
                 continue
             except LaunchRejectedError as exc:
@@ -197,7 +260,7 @@ class JobService:
         summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in tries)
         return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
 
-    def _request(self, job: Job, attempt: Attempt, rung: Rung, index: int, user_data: str | bytes) -> LaunchRequest:
+    def _request(self, job: Job, attempt: Attempt, rung: Rung, user_data: str | bytes) -> LaunchRequest:
         spec = job.require_spec()
         subnet = next(s for s in self.compute.subnets() if s.subnet_id == rung.subnet_id)
         return LaunchRequest(
@@ -209,9 +272,11 @@ class JobService:
             instance_type=rung.instance_type,
             subnet=subnet,
             market=rung.market,
-            client_token=attempt.client_token(job.job_id, index),
+            client_token=attempt.client_token(
+                job.job_id, instance_type=rung.instance_type, subnet_id=rung.subnet_id, market=rung.market
+            ),
             user_data=user_data,
-            placement_group=placement_group_name(job.job_id, attempt.number) if spec.nodes > 1 else None,
+            placement_group=placement_group_of(job, attempt),
         )
 
     def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:
@@ -259,6 +324,9 @@ class JobService:
 
     def _end_launch(self, job: Job, tries: list[LaunchTry], target: JobState, reason: Reason, detail: str) -> Job:
         number = self._attempt_number(job)
+        attempt = job.current_attempt
+        assert attempt is not None
+        self._delete_placement_group(job, attempt)
 
         def decide(current: Job) -> Decision:
             now = self.clock.now()
@@ -278,6 +346,16 @@ class JobService:
 
         return self.change(job.job_id, decide).after
 
+    def _delete_placement_group(self, job: Job, attempt: Attempt) -> None:
+        """An attempt that launched nothing gives its group back at once (a Region holds 500).
+        Best effort: the reconciler sweeps whatever this misses."""
+        group = placement_group_of(job, attempt)
+        try:
+            if group is not None:
+                self.compute.delete_placement_group(group)
+        except Exception:
+            log.warning("could not delete placement group %s", group, exc_info=True)
+
     @staticmethod
     def _attempt_number(job: Job) -> int:
         attempt = job.current_attempt
@@ -285,6 +363,13 @@ class JobService:
         return attempt.number
 
     # ---- cancel ---------------------------------------------------------------------------
+    def _cancel_from(self, sender: str | None, job_id: object) -> Job:
+        if not isinstance(job_id, str) or not re.fullmatch(JOB_ID_PATTERN, job_id):
+            raise SpecError([f"cancel_job_id: must be a job id such as j-0123456789abcdef (got {str(job_id)[:40]!r})"])
+        if not self.team_directory.may_act_for(self.store.get(job_id).team, sender):
+            raise CancelRefusedError(job_id, sender)
+        return self.cancel(job_id)
+
     def cancel(self, job_id: str) -> Job:
         """Cancel a job and terminate every instance it still has. Cancelling twice is harmless."""
         return self.act(self.change(job_id, lambda job: cancel(job, now=self.clock.now())))
@@ -295,21 +380,6 @@ class JobService:
         publish_changes(self.publisher, before, after)
 
 
-def _identity_of(body: str) -> tuple[str | None, str | None]:
-    """The client_token and team of a rejected spec, when they are themselves valid, so that the
-    rejection is recorded under the job id the submitter computed (`gpujobs submit` prints it)."""
-    try:
-        document = parse_document(body)
-    except SpecError:
-        return None, None
-    token, team = document.get("client_token"), document.get("team", "default")
-    if not isinstance(token, str) or not 0 < len(token) <= 64:
-        return None, None
-    if not isinstance(team, str) or not re.fullmatch(TEAM_PATTERN, team):
-        return None, None
-    return token, team
-
-
 def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
     return LaunchTry(
         at=now,
@@ -318,7 +388,7 @@ def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
         subnet_id=rung.subnet_id,
         market=rung.market,
         error_code=code,
-        message=message[:500],
+        message=message,
     )
 
 
@@ -342,6 +412,6 @@ def _capacity_failures_in_a_row(job: Job) -> int:
     count = 0
     for attempt in reversed(job.attempts):
         if attempt.end_reason != Reason.NO_CAPACITY.value and attempt.ended_at is not None:
-            break
+            return count
         count += 1
-    return count
+    return count + job.retired.no_capacity_in_a_row

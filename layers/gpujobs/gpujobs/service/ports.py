@@ -14,6 +14,7 @@ from typing import Protocol
 from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
+from gpujobs.domain.teams import TeamDirectory
 
 
 class JobNotFoundError(LookupError):
@@ -37,6 +38,18 @@ class ConcurrentUpdateError(Exception):
         self.expected_version = expected_version
 
 
+class JobRecordTooLargeError(Exception):
+    """The job's record would pass the store's item size limit (DynamoDB: 400 KB), so the write
+    was refused. Not a race to retry: the same write fails again. Handlers count it
+    (`JobRecordsTooLarge`, alarmed) and let the event fail into its dead-letter path."""
+
+    def __init__(self, job_id: str, size: int, limit: int) -> None:
+        super().__init__(f"job {job_id}: record of {size} bytes is over the {limit}-byte item limit")
+        self.job_id = job_id
+        self.size = size
+        self.limit = limit
+
+
 class JobStore(Protocol):
     def create(self, job: Job) -> Job:
         """Insert a new job at version 1; JobExistsError if the id is taken."""
@@ -47,7 +60,8 @@ class JobStore(Protocol):
     def save(self, job: Job) -> Job:
         """Write `job` if the stored version still equals `job.version`; returns it at version+1.
 
-        Raises ConcurrentUpdateError otherwise. Instance ids of the job's attempts are indexed so
+        Raises ConcurrentUpdateError otherwise, and JobRecordTooLargeError (writing nothing) when
+        the record would pass the item size limit. Instance ids of the job's attempts are indexed so
         that find_by_instance answers without a scan.
         """
 
@@ -78,6 +92,7 @@ class LaunchRequest:
     client_token: str
     user_data: str | bytes
     placement_group: str | None = None
+    """Created (or reused) by run_instances when missing; at most 500 per Region."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +124,25 @@ class LaunchRejectedError(Exception):
         self.message = message
 
 
+class LaunchTokenMismatchError(Exception):
+    """EC2 remembers this request's ClientToken from a request with other parameters
+    (`IdempotentParameterMismatch`): that earlier request may have launched this attempt's gang.
+    Adopt what it launched, or move on to the next rung; never a reason to fail the job."""
+
+    def __init__(self, client_token: str, message: str = "") -> None:
+        super().__init__(f"IdempotentParameterMismatch for {client_token}: {message}".rstrip(": "))
+        self.client_token = client_token
+        self.code = "IdempotentParameterMismatch"
+        self.message = message
+
+
 class Compute(Protocol):
     def subnets(self) -> Sequence[Subnet]:
         """The stack's subnets, in configured order, each with its availability zone."""
 
     def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
-        """Launch `count` instances or none. CapacityError / LaunchRejectedError on refusal."""
+        """Launch `count` instances or none. CapacityError / LaunchRejectedError on refusal;
+        LaunchTokenMismatchError when the client token was used before with other parameters."""
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         """Non-terminated instances tagged with this job (and attempt)."""
@@ -127,6 +155,12 @@ class Compute(Protocol):
     def list_instances(self) -> list[TaggedInstance]:
         """Every non-terminated instance carrying this stack's tag (one paginated query)."""
 
+    def list_placement_groups(self) -> list[PlacementGroup]:
+        """This stack's `gpujobs-*` cluster placement groups (run_instances creates them)."""
+
+    def delete_placement_group(self, name: str) -> bool:
+        """True once the group is gone (also when it already was); False while instances use it."""
+
 
 @dataclass(frozen=True)
 class TaggedInstance:
@@ -135,6 +169,15 @@ class TaggedInstance:
     attempt: int
     state: str
     launched_at: datetime
+
+
+@dataclass(frozen=True)
+class PlacementGroup:
+    """A cluster placement group made for one attempt of a multi-node job (tagged like its gang)."""
+
+    name: str
+    job_id: str
+    attempt: int
 
 
 class Signaller(Protocol):
@@ -210,3 +253,9 @@ class BlobStore(Protocol):
 
 class Clock(Protocol):
     def now(self) -> datetime: ...
+
+
+class TeamConfigSource(Protocol):
+    """Where the platform team's team configuration lives; TeamConfigError if it is malformed."""
+
+    def load(self) -> TeamDirectory: ...

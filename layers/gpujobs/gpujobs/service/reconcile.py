@@ -43,6 +43,7 @@ from gpujobs.domain import decisions
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
 from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, live_instances
+from gpujobs.domain.gangs import overdue_survivors
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
@@ -91,10 +92,16 @@ class Reconciler:
         for inst in instances:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
+        try:
+            self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
+        except Exception:
+            log.exception("sweeping placement groups failed")
+            report.count("errors")
 
         alarmed = self._alarmed_instances()
         watched: set[str] = set()
         for job in active.values():
+            self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
             if job.state is JobState.RUNNING:
                 self._guarded(
                     job,
@@ -222,6 +229,17 @@ class Reconciler:
             self.reactions.jobs.carry_out([DeleteAlarms(tuple(leaked))])
             report.count("idle alarms deleted", len(leaked))
 
+    def _terminate_reclaimed_survivors(self, job: Job, now: datetime, report: ReconcileReport) -> None:
+        """The rest of a reclaimed gang whose trainers hang past the warning window and a grace:
+        terminated (again on every tick until they are seen gone), so one attempt never outlives
+        its replacement's start by more than a few minutes."""
+        for attempt in job.attempts:
+            survivors = overdue_survivors(attempt, now=now)
+            if survivors:
+                log.warning("%s: attempt %d was reclaimed; terminating %s", job.job_id, attempt.number, survivors)
+                self.reactions.jobs.compute.terminate(list(survivors))
+                report.count("reclaimed survivors terminated", len(survivors))
+
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         """A trainer that reported heartbeats and then went silent is hung: replace its gang."""
         attempt = job.current_attempt
@@ -293,6 +311,21 @@ class Reconciler:
             self.reactions.jobs.compute.terminate(orphans)
             report.count("orphans terminated", len(orphans))
 
+    def _sweep_placement_groups(self, active: dict[str, Job], report: ReconcileReport) -> None:
+        """Delete the groups of ended attempts and jobs: a Region holds only 500 placement groups.
+
+        A group whose attempt looks unfinished in the active view is kept; any other is re-read
+        consistently first (the view is eventually consistent, and a launch creates its group right
+        after its claim is saved). A group still holding instances is retried on the next tick.
+        """
+        for group in self.reactions.jobs.compute.list_placement_groups():
+            if _attempt_unfinished(active.get(group.job_id), group.attempt):
+                continue
+            if _attempt_unfinished(self._consistent_read(group.job_id), group.attempt):
+                continue
+            if self.reactions.jobs.compute.delete_placement_group(group.name):
+                report.count("placement groups deleted")
+
     def _consistent_read(self, job_id: str) -> Job | None:
         try:
             return self.reactions.jobs.store.get(job_id)
@@ -358,3 +391,8 @@ def _is_orphan(job: Job | None, inst: TaggedInstance) -> bool:
         return True
     attempt = job.attempt(inst.attempt)
     return attempt is None or (attempt.is_over and inst.state in UP_STATES)
+
+
+def _attempt_unfinished(job: Job | None, number: int) -> bool:
+    attempt = job.attempt(number) if job is not None else None
+    return job is not None and not job.state.is_terminal and attempt is not None and not attempt.is_over
