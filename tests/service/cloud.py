@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.adapters.memory import FixedClock
 from gpujobs.contract import UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
@@ -38,8 +38,6 @@ RECONCILE_EVERY = timedelta(minutes=5)
 UNRECORDED_LIMIT = timedelta(minutes=15)
 RECLAIM_WINDOW = SPOT_WARNING + timedelta(minutes=15)
 """How long the gang of a reclaimed attempt may overlap its replacement (warning plus a grace)."""
-ITEM_LIMIT_BYTES = 400 * 1024
-"""DynamoDB's hard limit on an item."""
 CAPACITY_MESSAGE = (
     "We currently do not have sufficient {type} capacity in the Availability Zone you requested ({zone}). "
     "Our system will be working on provisioning additional capacity. You can currently get {type} capacity "
@@ -52,9 +50,8 @@ FAULT_TIMINGS = (When.BEFORE, When.AFTER)
 
 
 def item_bytes(job: Job) -> int:
-    """The size DynamoDB counts for the job's item as the store writes it: names plus values."""
-    item = DynamoJobStore._job_item(job)
-    return sum(len(name.encode()) + len(next(iter(value.values())).encode()) for name, value in item.items())
+    """The size DynamoDB counts for the job's item as the store writes it."""
+    return item_size(job_item(job))
 
 
 def is_fake(value: object) -> bool:
@@ -254,7 +251,7 @@ class SimulatedCloud:
             if job.state.is_terminal:
                 self.terminal.setdefault(job.job_id, job.state)
             size = item_bytes(job)
-            if size > ITEM_LIMIT_BYTES:
+            if size > MAX_ITEM_BYTES:
                 problems.append(f"{job.job_id}: item of {size} bytes")
         for event in self.world.publisher.events[self.published :]:
             if event.source is not None and event.source.is_terminal:
@@ -308,6 +305,15 @@ class SimulatedCloud:
         problems += [f"{iid} leaked (no running job wants it)" for iid in self.up_instances() if iid not in wanted]
         alarms = self.world.alarms.alarms
         problems += [f"idle alarm of {iid} leaked" for iid in sorted(alarms) if iid not in wanted]
+        # A group is kept while its attempt runs, or while instances still stand in it (the stopped
+        # instances an on-demand policy stop keeps on purpose; any running one is reported above).
+        running = {(job.job_id, job.current_attempt.number) for job in jobs if job.state is JobState.RUNNING}
+        in_use = {f.request.placement_group for f in self.world.compute.instances.values() if f.state != "terminated"}
+        problems += [
+            f"placement group {group.name} leaked"
+            for group in self.world.compute.placement_groups.values()
+            if (group.job_id, group.attempt) not in running and group.name not in in_use
+        ]
         return problems
 
     def _unpublished(self, jobs: list[Job]) -> list[str]:
@@ -346,8 +352,8 @@ class SimulatedCloud:
             return None if held else "still queued with capacity back"
         if job.state is not JobState.RUNNING:
             return "stuck"
-        if job.stop_request is not None:
-            return f"its {job.stop_request.reason} stop was never carried out"
+        if job.stop_request is not None and self.now >= job.stop_request.deadline + RECONCILE_EVERY:
+            return f"its {job.stop_request.reason} stop was never carried out"  # one still under way is fine
         if held:
             return f"still running in a held budget scope ({policy.scope})"
         attempt = job.current_attempt

@@ -17,15 +17,17 @@ from datetime import timedelta
 
 import pytest
 
+from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES
+from gpujobs.domain.job import MAX_ATTEMPTS_KEPT, MAX_HISTORY_KEPT, MAX_TRIES_KEPT
 from gpujobs.domain.states import JobState
-from tests.service.cloud import ITEM_LIMIT_BYTES, RECONCILE_EVERY, SimulatedCloud, item_bytes
+from tests.service.cloud import RECONCILE_EVERY, SimulatedCloud, item_bytes
 from tests.service.conftest import spec
 
 DAYS = 30
 TICKS_PER_HOUR = int(timedelta(hours=1) / RECONCILE_EVERY)
 INSTANCE_TYPES = ["g5.xlarge", "g6.xlarge", "p4d.24xlarge"]
 POOLS = [(t, z, m) for t in INSTANCE_TYPES for z in ("us-east-1a", "us-east-1b") for m in ("spot", "on-demand")]
-ITEM_BOUND_BYTES = ITEM_LIMIT_BYTES // 4
+ITEM_BOUND_BYTES = MAX_ITEM_BYTES // 8
 """Far under DynamoDB's 400 KB: a month of churn must not bring a job anywhere near the limit."""
 
 
@@ -78,4 +80,7 @@ def test_one_job_for_thirty_days_of_refusals_and_interruptions_stays_bounded_and
     assert 50 <= final.interruptions <= 100
     assert progress_by_day[-1] > progress_by_day[-2] > progress_by_day[0] > 0  # still training on the last day
     assert largest < ITEM_BOUND_BYTES, f"the job's item reached {largest} bytes"
-    assert time.perf_counter() - started < 60
+    assert len(final.history) <= MAX_HISTORY_KEPT < final.history_count  # bounded, yet every transition counted
+    assert len(final.attempts) <= MAX_ATTEMPTS_KEPT + 1
+    assert all(len(attempt.tries) <= MAX_TRIES_KEPT for attempt in final.attempts)
+    assert time.perf_counter() - started < 60  # simulated time: a month on the fakes in seconds
