@@ -13,8 +13,9 @@ __all__ = ["load_function"]
 
 # Randomized tests: `ci` (the default) runs a few hundred sequences; `make soak` selects `soak`.
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=_SLOW_IS_FINE, print_blob=True)
-settings.register_profile("soak", max_examples=10_000, deadline=None, suppress_health_check=_SLOW_IS_FINE)
+_SEQUENCES = {"max_examples": 300, "stateful_step_count": 100, "deadline": None, "suppress_health_check": _SLOW_IS_FINE}
+settings.register_profile("ci", **_SEQUENCES, print_blob=True)
+settings.register_profile("soak", **{**_SEQUENCES, "max_examples": 10_000})
 settings.load_profile(os.environ.get("GPUJOBS_HYPOTHESIS_PROFILE", "ci"))
 
 
