@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.report_auth import report_key
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
     CapacityError,
@@ -233,6 +234,16 @@ class FixedClock:
 
     def advance(self, **kwargs: float) -> None:
         self.current += timedelta(**kwargs)
+
+
+@dataclass(frozen=True)
+class FixedReportKeys:
+    """Report keys under a fixed stack secret (what the instances of a test hold, too)."""
+
+    secret: bytes = b"a stack secret for tests"
+
+    def key_for(self, *, job_id: str, attempt: int) -> bytes:
+        return report_key(self.secret, job_id=job_id, attempt=attempt)
 
 
 @dataclass

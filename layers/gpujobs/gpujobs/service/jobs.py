@@ -39,6 +39,7 @@ from gpujobs.service.ports import (
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
+    ReportKeys,
     Signaller,
 )
 
@@ -76,6 +77,8 @@ class JobService:
     render_user_data: UserDataRenderer
     budgets: BudgetBook
     alarms: IdleAlarms
+    report_keys: ReportKeys
+    """Each launch hands its attempt a report key in user data (domain.report_auth)."""
     jitter: Callable[[], float] = field(default=random.random)
     backoff: Backoff = field(default_factory=Backoff)
 
@@ -231,13 +234,14 @@ class JobService:
             event_bus=self.config.event_bus_name,
             region=self.config.region,
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
+            report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
         )
         try:
             return self.render_user_data(doc)
         except ValueError:  # UserDataTooLargeError: the document goes to S3, user data points at it
             key = f"jobs/{job.job_id}/attempt-{attempt.number}/run.json"
-            uri = self.blobs.put_text(key, doc.model_dump_json())
-            return self.render_user_data(RunDocumentPointer(run_document_uri=uri))
+            uri = self.blobs.put_text(key, doc.model_dump_json(exclude={"report_key"}))
+            return self.render_user_data(RunDocumentPointer(run_document_uri=uri, report_key=doc.report_key))
 
     def _record_launched(
         self,

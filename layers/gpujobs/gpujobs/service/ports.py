@@ -177,6 +177,11 @@ class Prices(Protocol):
         """Instance type -> on-demand USD per hour, for every type with a known price."""
 
 
+class ReportKeys(Protocol):
+    def key_for(self, *, job_id: str, attempt: int) -> bytes:
+        """The attempt's report key (`domain.report_auth.report_key` under the stack's secret)."""
+
+
 # ---- events, blobs, clock -------------------------------------------------------------------
 
 
