@@ -141,3 +141,17 @@ def _statements_of_function_or_role(logical_id: str) -> list[dict[str, Any]]:
     for policy in properties(logical_id).get("Policies", []):
         statements += as_list(policy["PolicyDocument"]["Statement"])
     return statements
+
+
+def test_job_security_groups_are_created_tagged_and_changed_or_deleted_only_when_ours() -> None:
+    launch, end = _statements_of_policy("LaunchPolicy"), _statements_of_policy("EndPolicy")
+    stack_tag = {"Ref": "AWS::StackName"}
+
+    created = [s for s in _allows(launch, "ec2:CreateSecurityGroup") if ":security-group/" in str(s["Resource"])]
+    (authorize,) = _allows(launch, "ec2:AuthorizeSecurityGroupIngress")
+    (delete,) = _allows(end, "ec2:DeleteSecurityGroup")
+
+    assert [s["Condition"]["StringEquals"]["aws:RequestTag/gpujobs:stack"] for s in created] == [stack_tag]
+    assert authorize["Condition"]["StringEquals"]["aws:ResourceTag/gpujobs:stack"] == stack_tag
+    assert delete["Condition"]["StringEquals"]["aws:ResourceTag/gpujobs:stack"] == stack_tag
+    assert not _allows(launch + end, "ec2:AuthorizeSecurityGroupEgress")  # egress stays as the stack's group has it

@@ -42,6 +42,11 @@ def placement_group_name(job_id: str, attempt: int) -> str:
     return f"gpujobs-{job_id}-a{attempt}"
 
 
+def job_security_group_name(stack: str, job_id: str) -> str:
+    """A job's own security group: its instances reach each other, and no other job's instances."""
+    return f"gpujobs-{stack}-{job_id}"
+
+
 def instance_display_name(job_name: str, attempt: int) -> str:
     """The `Name` tag people see in the EC2 console."""
     return f"gpujobs-{job_name}-a{attempt}"

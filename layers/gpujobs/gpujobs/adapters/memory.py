@@ -26,6 +26,7 @@ from gpujobs.service.ports import (
     ConcurrentUpdateError,
     JobExistsError,
     JobNotFoundError,
+    JobSecurityGroup,
     LaunchedInstance,
     LaunchRequest,
     StateChanged,
@@ -144,6 +145,8 @@ class FakeCompute:
     faults: Faults = field(default_factory=Faults)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _by_token: dict[str, list[str]] = field(default_factory=dict)
+    security_groups: dict[str, str] = field(default_factory=dict)
+    """Job security group id -> job id."""
 
     def subnets(self) -> Sequence[Subnet]:
         return self.subnet_list
@@ -198,6 +201,20 @@ class FakeCompute:
             for iid, f in self.instances.items()
             if f.state != "terminated"
         ]
+
+    def job_security_group(self, job_id: str) -> str:
+        group_id = next((g for g, j in self.security_groups.items() if j == job_id), f"sg-{job_id.removeprefix('j-')}")
+        self.security_groups[group_id] = job_id
+        return group_id
+
+    def job_security_groups(self) -> list[JobSecurityGroup]:
+        return [JobSecurityGroup(group_id=g, job_id=j) for g, j in self.security_groups.items()]
+
+    def delete_security_group(self, group_id: str) -> bool:
+        if any(f.request.security_group_id == group_id and f.state != "terminated" for f in self.instances.values()):
+            return False  # EC2: DependencyViolation
+        self.security_groups.pop(group_id, None)
+        return True
 
     def live(self) -> list[FakeInstance]:
         return [f for f in self.instances.values() if f.state == "running"]

@@ -13,7 +13,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpujobs.contract import placement_group_name
@@ -181,9 +181,10 @@ class JobService:
             spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
         )
         user_data = self._user_data(job, attempt)
+        security_group = self.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
         for index, rung in enumerate(ladder):
-            request = self._request(job, attempt, rung, index, user_data)
+            request = replace(self._request(job, attempt, rung, index, user_data), security_group_id=security_group)
             try:
                 launched = self.compute.run_instances(request)
             except CapacityError as exc:

@@ -78,6 +78,8 @@ class LaunchRequest:
     client_token: str
     user_data: str | bytes
     placement_group: str | None = None
+    security_group_id: str | None = None
+    """The job's own security group (self-ingress only), attached beside the stack's egress group."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,22 @@ class Compute(Protocol):
 
     def list_instances(self) -> list[TaggedInstance]:
         """Every non-terminated instance carrying this stack's tag (one paginated query)."""
+
+    # ---- a security group per job (gangs of different jobs cannot reach each other) ----------
+    def job_security_group(self, job_id: str) -> str:
+        """The job's security group, created (tagged, self-ingress only) if it does not exist yet."""
+
+    def job_security_groups(self) -> list[JobSecurityGroup]:
+        """Every job security group tagged with this stack."""
+
+    def delete_security_group(self, group_id: str) -> bool:
+        """Delete it; False while an instance (or its network interface) still uses it."""
+
+
+@dataclass(frozen=True)
+class JobSecurityGroup:
+    group_id: str
+    job_id: str
 
 
 @dataclass(frozen=True)
