@@ -157,22 +157,24 @@ def test_a_capacity_error_on_g5_spot_moves_the_job_to_the_next_rung(cloud: Local
 @pytest.mark.timeout(120)
 def test_a_failing_handler_is_retried_then_dead_lettered(cloud: LocalCloud) -> None:
     seen = recorded(cloud)
+    # An AWS event in a shape the handler does not know (only AWS can put aws.* events on the
+    # default bus): it fails, so a schema change surfaces in the dead-letter queue. A malformed
+    # *report*, which any job could send, is consumed instead (docs/security.md).
     cloud.put_event(
-        source="gpujobs.instance",
-        detail_type="Job Exited",
-        detail={"exit_code": 0, "instance_id": "i-0123456789abcdef0"},  # no job_id: fails validation
-        bus=cloud.outputs["EventBusName"],
+        source="aws.ec2",
+        detail_type="EC2 Spot Instance Interruption Warning",
+        detail={"instance-id": "i-0123456789abcdef0", "instance-action": "explode"},  # fails validation
     )
     cloud.wait_until(lambda: bool(cloud.dead_letters()), timeout=30, what="a dead letter")
     (letter,) = cloud.dead_letters()
     assert letter["requestContext"]["condition"] == "RetriesExhausted"
-    assert letter["requestPayload"]["detail-type"] == "Job Exited"
+    assert letter["requestPayload"]["detail-type"] == "EC2 Spot Instance Interruption Warning"
     assert letter["responsePayload"]["errorType"] == "ValidationError"
-    tries = seen.to("ReportsFunction")
+    tries = seen.to("SpotFunction")
     assert [d.attempt for d in tries] == [1, 2, 3]  # EventInvokeConfig.MaximumRetryAttempts: 2
     assert [d.dead_lettered for d in tries] == [False, False, True]
     time.sleep(0.3)
-    assert len(seen.to("ReportsFunction")) == 3  # not retried forever
+    assert len(seen.to("SpotFunction")) == 3  # not retried forever
 
 
 @pytest.mark.timeout(120)
