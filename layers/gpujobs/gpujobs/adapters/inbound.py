@@ -11,6 +11,7 @@ becomes the domain's `CostAnomaly` before any decision reads it.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -67,8 +68,9 @@ class _Report(_Detail):
     signed_at: int | None = None
     signature: str | None = Field(default=None, max_length=128)
 
+    @abstractmethod
     def report(self) -> Report:
-        raise NotImplementedError
+        """The report as the control plane acts on it."""
 
     def signed(self) -> SignedReport:
         return SignedReport(self.report(), signed_at=self.signed_at, signature=self.signature)
