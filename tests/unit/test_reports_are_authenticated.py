@@ -7,7 +7,9 @@ that the verifier accepts exactly those, and nothing that was changed, re-keyed 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from gpujobs.domain import report_auth
 from gpujobs.domain.report_auth import Proof, report_key, verify
 from gpujobs.instance import signing as bootstrap_signing
 from gpujobs_trainer import signing as trainer_signing
+from gpujobs_trainer.events import EventBridgePublisher
 
 SECRET = b"the stack secret"
 JOB = "j-0123456789abcdef"
@@ -126,3 +129,29 @@ def test_the_trainer_reads_its_key_from_the_variable_the_bootstrap_sets() -> Non
     assert trainer_signing.key_from_env({trainer_signing.REPORT_KEY_ENV: KEY.hex()}) == KEY
     assert trainer_signing.key_from_env({}) == b""
     assert trainer_signing.key_from_env({trainer_signing.REPORT_KEY_ENV: "zz"}) == b""
+
+
+class _RecordingEvents:
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def put_events(self, *, Entries: list[dict[str, Any]]) -> dict[str, Any]:  # noqa: N803 - boto3's name
+        self.entries += Entries
+        return {"FailedEntryCount": 0}
+
+
+def test_the_trainers_publisher_signs_every_report_with_the_key_from_its_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(trainer_signing.REPORT_KEY_ENV, KEY.hex())
+    client = _RecordingEvents()
+    publisher = EventBridgePublisher("bus", client=client)
+
+    publisher.publish(contract.CHECKPOINT_COMMITTED, {**REPORTS[contract.CHECKPOINT_COMMITTED], "reason": "final"})
+    publisher.close()
+
+    (entry,) = client.entries
+    detail = json.loads(entry["Detail"])
+    now = datetime.fromtimestamp(detail["signed_at"], UTC)
+    assert _verify(contract.CHECKPOINT_COMMITTED, detail, now=now) is Proof.VALID
+    assert KEY.hex() not in entry["Detail"]
