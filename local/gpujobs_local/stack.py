@@ -19,6 +19,7 @@ import contextlib
 import gzip
 import importlib.util
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import boto3
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES
+from gpujobs.domain.report_auth import sign
+from gpujobs.instance.rundoc import extract_run_json
 from gpujobs_local import template
 from gpujobs_local.placement_groups import PlacementGroups
 
@@ -131,6 +134,13 @@ class MotoStack:
             DocumentType="Command",
         )
 
+        # The stack's report secret, generated as Secrets Manager does for the template's resource.
+        self.secrets = boto3.client("secretsmanager", region_name=REGION)
+        generated = self.secrets.get_random_password(**template.properties("ReportSecret")["GenerateSecretString"])
+        self.report_secret_arn = self.secrets.create_secret(
+            Name=f"{stack}-report-secret", SecretString=generated["RandomPassword"]
+        )["ARN"]
+
         self.env = {
             "JOBS_TABLE": self.table,
             "EVENT_BUS_NAME": self.bus,
@@ -142,6 +152,7 @@ class MotoStack:
             "ALLOWED_INSTANCE_TYPES": ",".join(self.allowed_instance_types),
             "GPUJOBS_STACK_NAME": stack,
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
+            "REPORT_SECRET_ARN": self.report_secret_arn,
             "AWS_REGION": REGION,
         }
         if self.teams is not None:
@@ -239,6 +250,13 @@ class MotoStack:
         value = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
         raw = base64.b64decode(value)
         return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+    def signed_by(self, instance_id: str, detail_type: str, detail: dict[str, Any]) -> dict[str, Any]:
+        """`detail` with the proof the instance's own code would add: signed now with the report key
+        in its user data (`gpujobs.domain.report_auth`)."""
+        key = bytes.fromhex(extract_run_json(self.user_data(instance_id))["report_key"])
+        signed_at = int(time.time())
+        return {**detail, "signed_at": signed_at, "signature": sign(key, detail_type, detail, signed_at=signed_at)}
 
     def dead_letters(self) -> list[dict[str, Any]]:
         return list(self.sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10).get("Messages", []))

@@ -41,6 +41,9 @@ class RunDocument(BaseModel):
     the bootstrap waits (bounded) until that attempt's instances are gone or its last checkpoint is
     committed, so the trainer resumes from that checkpoint rather than an older one.
     """
+    report_key: str = Field(default="", repr=False)
+    """This attempt's report key, in hex (`domain.report_auth`): the instance signs its reports with it.
+    Kept out of reprs; when the document is offloaded, the S3 copy holds "" and the pointer the key."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -49,3 +52,5 @@ class RunDocumentPointer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_document_uri: str
+    report_key: str = Field(default="", repr=False)
+    """The attempt's report key: in user data only, never in the S3 object."""

@@ -21,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from gpujobs.instance import aws
@@ -33,6 +34,7 @@ from gpujobs.instance.rendezvous import rendezvous
 from gpujobs.instance.report import exit_detail, publish_exit
 from gpujobs.instance.rundoc import load_document
 from gpujobs.instance.runtimes import DockerRuntime, ProcessRuntime, Runtime
+from gpujobs.instance.signing import signed_exit
 from gpujobs.instance.workload_env import container_env
 
 
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         message=message,
     )
     if bus and state.get("region"):
+        detail = signed_exit(detail, doc.get("report_key"), now=time.time())
         publish_exit(lambda: aws.client("events", state["region"]), bus=str(bus), detail=detail)
     else:
         log("no event bus or region known: the exit is not published")

@@ -37,6 +37,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "master_port": (int, 29500),
     "stop_timeout_seconds": (int, 120),
     "wait_for_attempt": (int, None),
+    "report_key": (str, ""),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -62,7 +63,7 @@ def extract_run_json(raw: bytes) -> dict[str, Any]:
 
 def is_pointer(data: dict[str, Any]) -> bool:
     """Whether `data` is a RunDocumentPointer (the document itself was too large for user data)."""
-    return set(data) == {"run_document_uri"}
+    return "run_document_uri" in data
 
 
 def check_document(data: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +103,10 @@ def load_document(raw: bytes, s3: Callable[[], Any], partial: dict[str, Any]) ->
         bucket, _, key = uri.removeprefix("s3://").partition("/")
         if not uri.startswith("s3://") or not key:
             raise BootstrapError(f"run_document_uri {uri!r} is not s3://bucket/key")
-        data = extract_run_json(s3().get_object(Bucket=bucket, Key=key)["Body"].read())
+        # The attempt's report key travels beside the pointer, in user data only, never in S3.
+        data = {
+            **extract_run_json(s3().get_object(Bucket=bucket, Key=key)["Body"].read()),
+            "report_key": data.get("report_key", ""),
+        }
     partial["raw"] = data
     return check_document(data)

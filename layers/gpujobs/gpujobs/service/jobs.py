@@ -20,7 +20,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gpujobs.domain.budget import BudgetMode
@@ -50,6 +50,7 @@ from gpujobs.service.ports import (
     LaunchRejectedError,
     LaunchRequest,
     LaunchTokenMismatchError,
+    ReportKeys,
     Signaller,
     TeamConfigSource,
 )
@@ -99,6 +100,8 @@ class JobService:
     render_user_data: UserDataRenderer
     budgets: BudgetBook
     alarms: IdleAlarms
+    report_keys: ReportKeys
+    """Each launch hands its attempt a report key in user data (domain.report_auth)."""
     teams: TeamConfigSource | None = None
     """Who may act for which team; None: no team configuration (single-tenant, see domain.teams)."""
     jitter: Callable[[], float] = field(default=random.random)
@@ -231,9 +234,10 @@ class JobService:
             spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
         )
         user_data = self._user_data(job, attempt)
+        security_group = self.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
         for rung in ladder:
-            request = self._request(job, attempt, rung, user_data)
+            request = replace(self._request(job, attempt, rung, user_data), security_group_id=security_group)
             try:
                 launched = self.compute.run_instances(request)
             except CapacityError as exc:
@@ -296,13 +300,14 @@ class JobService:
             event_bus=self.config.event_bus_name,
             region=self.config.region,
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
+            report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
         )
         try:
             return self.render_user_data(doc)
         except ValueError:  # UserDataTooLargeError: the document goes to S3, user data points at it
             key = f"jobs/{job.job_id}/attempt-{attempt.number}/run.json"
-            uri = self.blobs.put_text(key, doc.model_dump_json())
-            return self.render_user_data(RunDocumentPointer(run_document_uri=uri))
+            uri = self.blobs.put_text(key, doc.model_dump_json(exclude={"report_key"}))
+            return self.render_user_data(RunDocumentPointer(run_document_uri=uri, report_key=doc.report_key))
 
     def _record_launched(
         self,
