@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -271,7 +272,10 @@ def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
 
     key = f"jobs/{job_id}/attempt-1/run.json"
     assert json.loads(world.blobs.objects[key])["env"] == big_env
-    assert json.loads(world.compute.calls[0].user_data) == {"run_document_uri": f"s3://checkpoints/{key}"}
+    assert json.loads(world.compute.calls[0].user_data) == {
+        "run_document_uri": f"s3://checkpoints/{key}",
+        "run_document_sha256": hashlib.sha256(world.blobs.objects[key].encode()).hexdigest(),
+    }
 
 
 def test_a_failed_event_publication_does_not_undo_the_recorded_job(world: World) -> None:

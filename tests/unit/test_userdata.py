@@ -138,7 +138,7 @@ def test_a_huge_document_raises_so_the_caller_can_use_a_pointer() -> None:
         render_user_data(a_document(env={"BLOB": noise}))
 
     assert raised.value.size > MAX_USER_DATA_BYTES
-    pointer = RunDocumentPointer(run_document_uri="s3://bucket/jobs/job-1/run-2.json")
+    pointer = RunDocumentPointer.for_stored("s3://bucket/jobs/job-1/run-2.json", b'{"job_id": "job-1"}')
     assert parse_user_data(render_user_data(pointer)) == pointer
 
 

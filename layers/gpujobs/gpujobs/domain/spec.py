@@ -26,7 +26,10 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
+
+from gpujobs.contract import SECRET_NAME_PREFIX
 
 MAX_SPEC_BYTES = 256 * 1024
 """A spec must fit in one SQS message."""
@@ -41,6 +44,11 @@ IMAGE_PATTERN = (
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"
+REFERENCE_PATTERN = (
+    r"^(?:arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:(?P<secret>[A-Za-z0-9/_+=.@-]+)"
+    r"|ssm:/(?P<parameter>[A-Za-z0-9/_.-]+))$"
+)
+"""A secret is a reference, never a value: a Secrets Manager ARN or `ssm:/<parameter name>`."""
 
 StrictInt = Annotated[int, Strict()]
 StrictNumber = Annotated[float, Strict()]
@@ -101,6 +109,14 @@ class JobSpec(BaseModel):
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
     team: Team = "default"
     client_token: str | None = Field(default=None, min_length=1, max_length=64)
+    secrets: dict[str, Annotated[str, StringConstraints(max_length=2048)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "environment name -> secret reference (arn:aws:secretsmanager:... or ssm:/path) under the team's "
+            "prefix gpujobs/<team>/; resolved on the instance, never stored as a value"
+        ),
+    )
 
     @field_validator("env")
     @classmethod
@@ -114,6 +130,31 @@ class JobSpec(BaseModel):
         if bad:
             raise ValueError("; ".join(bad))
         return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, secrets: dict[str, str]) -> dict[str, str]:
+        return cls._env_names(secrets)
+
+    @model_validator(mode="after")
+    def _secrets_are_the_teams_references(self) -> JobSpec:
+        """Each secret is a reference under the team's prefix, and names no variable `env` also sets."""
+        bad = [f"{k!r} is also set in env" for k in self.secrets if k in self.env]
+        for name, ref in self.secrets.items():
+            found = re.fullmatch(REFERENCE_PATTERN, ref)
+            if found is None:
+                bad.append(
+                    f"{name}: must be a reference, arn:aws:secretsmanager:<region>:<account>:secret:... or ssm:/path"
+                )
+                continue
+            path = found["secret"] or found["parameter"]
+            if not path.startswith(f"{SECRET_NAME_PREFIX}{self.team}/"):
+                bad.append(
+                    f"{name}: team {self.team!r} may read only secrets named {SECRET_NAME_PREFIX}{self.team}/..."
+                )
+        if bad:
+            raise ValueError("secrets: " + "; ".join(bad))
+        return self
 
     @field_validator("instance_types")
     @classmethod

@@ -23,7 +23,9 @@ from __future__ import annotations
 import ast
 import functools
 import gzip
+import io
 import json
+import tokenize
 from pathlib import Path
 
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -82,11 +84,14 @@ class UserDataError(ValueError):
 
 
 def without_docstrings(source: str) -> str:
-    """`source` with every docstring (any statement that is only a string) replaced by `""`.
+    """`source` with every docstring (any statement that is only a string) replaced by `""`, and no comments.
 
     Lines are blanked, never removed, so a traceback on the instance points at the repository's line.
     """
     lines = source.splitlines(keepends=True)
+    comments = [t.start for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    for row, col in comments:  # a comment runs to the end of its line
+        lines[row - 1] = lines[row - 1][:col].rstrip() + "\n"
     docstrings = [
         node
         for node in ast.walk(ast.parse(source))

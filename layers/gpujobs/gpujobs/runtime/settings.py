@@ -50,6 +50,8 @@ class Settings:
     allowed_instance_types: tuple[str, ...] = ()
     region: str = "us-east-1"
     checkpoint_document: str = ""
+    job_role_arn: str = ""
+    """The role the instances assume for each job's container (template.yaml `JobRole`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -71,4 +73,5 @@ class Settings:
             allowed_instance_types=_split(env.get("ALLOWED_INSTANCE_TYPES", "")),
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             checkpoint_document=env.get("CHECKPOINT_DOCUMENT", ""),
+            job_role_arn=env.get("JOB_ROLE_ARN", ""),
         )
