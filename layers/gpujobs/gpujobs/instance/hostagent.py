@@ -60,16 +60,19 @@ class HostAgent:
     def _answer(self, method: str, path: str, authorization: str) -> tuple[int, bytes]:
         if method == "PUT":
             return (200, _FILTERED_TOKEN) if path == IMDS_TOKEN_PATH else (404, b"")
-        try:
-            if path == CREDENTIALS_PATH:
-                if not hmac.compare_digest(authorization.encode(), self.token.encode()):
-                    return 401, b""
+        if path == CREDENTIALS_PATH:
+            if not hmac.compare_digest(authorization.encode(), self.token.encode()):
+                return 401, b""
+            try:
                 return 200, json.dumps(self.credentials.served()).encode()
-            if path in RELAYED_IMDS_PATHS:
+            except Exception as exc:  # STS unreachable: the SDK keeps its credentials and asks again
+                log(f"host agent: {exc}")
+                return 503, b""
+        if path in RELAYED_IMDS_PATHS:
+            try:
                 return 200, self.imds.get(path)
-        except Exception as exc:  # IMDS 404 (nothing scheduled) or unreachable, STS down: the client retries
-            log(f"host agent {path}: {exc}")
-            return 503 if path == CREDENTIALS_PATH else 404, b""
+            except Exception:  # 404: nothing scheduled (the usual answer), or IMDS unreachable
+                return 404, b""
         return 404, b""
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
