@@ -260,6 +260,7 @@ class LocalCloud:
             "CheckpointBucketName": stack.bucket,
             "LaunchTemplateId": stack.launch_template,
             "InstanceRoleArn": f"arn:aws:iam::{ACCOUNT}:role/{self.stack_name}-InstanceRole",
+            "JobRoleArn": stack.job_role_arn,
             "SubmitFunctionName": f"{self.stack_name}-SubmitFunction",
             "BudgetAlertsTopicArn": topic,
             "CheckpointNowDocumentName": stack.checkpoint_document,

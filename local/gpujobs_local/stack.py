@@ -126,6 +126,8 @@ class MotoStack:
             Rule="all-state-changes", EventBusName=self.bus, Targets=[{"Id": "q", "Arn": observed_arn}]
         )
 
+        self.job_role_arn = self._create_job_role()
+
         self.ssm = boto3.client("ssm", region_name=REGION)
         self.checkpoint_document = f"{stack}-checkpoint-now"
         self.ssm.create_document(
@@ -153,12 +155,31 @@ class MotoStack:
             "GPUJOBS_STACK_NAME": stack,
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
             "REPORT_SECRET_ARN": self.report_secret_arn,
+            "JOB_ROLE_ARN": self.job_role_arn,
             "AWS_REGION": REGION,
         }
         if self.teams is not None:
             self.teams_parameter = f"/{stack}/teams"
             self.ssm.put_parameter(Name=self.teams_parameter, Value=self.teams, Type="String")
             self.env["TEAMS_PARAMETER"] = self.teams_parameter
+
+    def _create_job_role(self) -> str:
+        """The template's JobRole in moto's IAM: instances assume it per attempt (moto STS answers with real keys)."""
+        account = "123456789012"
+        trust, policy = template.role_documents(
+            "JobRole",
+            stack_name=self.stack_name,
+            attributes={
+                "InstanceRole.Arn": f"arn:aws:iam::{account}:role/{self.stack_name}-InstanceRole",
+                "CheckpointBucket.Arn": f"arn:aws:s3:::{self.bucket}",
+                "JobsEventBus.Arn": f"arn:aws:events:{REGION}:{account}:event-bus/{self.bus}",
+            },
+        )
+        iam = boto3.client("iam", region_name=REGION)
+        name = f"{self.stack_name}-JobRole"
+        arn: str = iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust)["Role"]["Arn"]
+        iam.put_role_policy(RoleName=name, PolicyName="gpujobs-job", PolicyDocument=policy)
+        return arn
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""

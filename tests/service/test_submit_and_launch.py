@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import timedelta
 
@@ -277,6 +278,7 @@ def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
     report_key = world.service.report_keys.key_for(job_id=job_id, attempt=1).hex()
     assert json.loads(world.compute.calls[0].user_data) == {
         "run_document_uri": f"s3://checkpoints/{key}",
+        "run_document_sha256": hashlib.sha256(world.blobs.objects[key].encode()).hexdigest(),
         "report_key": report_key,
     }
     assert report_key not in world.blobs.objects[key]

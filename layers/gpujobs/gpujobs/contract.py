@@ -25,6 +25,9 @@ JOB_TAG = "gpujobs:job-id"
 ATTEMPT_TAG = "gpujobs:attempt"
 """The attempt number, as decimal text."""
 TEAM_TAG = "gpujobs:team"
+"""On instances, and a session tag of the job role (its policy reads `aws:PrincipalTag/gpujobs:team`)."""
+SECRET_NAME_PREFIX = "gpujobs/"  # noqa: S105 (a name prefix, not a secret)
+"""Secrets a team's jobs may read: Secrets Manager `gpujobs/<team>/...`, SSM `/gpujobs/<team>/...` (docs/deploy.md)."""
 NAME_TAG = "Name"
 
 # ---- names of what the control plane creates -------------------------------------------------

@@ -13,6 +13,8 @@ TAG_JOB_ID = "gpujobs:job-id"
 """Instance tag the launcher sets: the job an instance runs."""
 TAG_ATTEMPT = "gpujobs:attempt"
 """Instance tag the launcher sets: the attempt number, in decimal."""
+WORKLOAD_UID = 10001
+"""The uid the container runs as (the training image's USER): the uid whose IMDS traffic is refused."""
 
 EVENT_SOURCE = "gpujobs.instance"
 """Source of the exit event the bootstrap publishes."""

@@ -107,6 +107,7 @@ def build_job_service(settings: Settings) -> JobService:
             region=settings.region,
             allowed_instance_types=settings.allowed_instance_types,
             priced_instance_types=frozenset(packaged_on_demand_prices()),
+            job_role_arn=settings.job_role_arn,
         ),
         render_user_data=render_user_data_lazily,
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),

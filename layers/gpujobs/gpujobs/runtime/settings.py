@@ -54,6 +54,8 @@ class Settings:
     teams_parameter: str = ""
     """SSM parameter holding the team configuration; empty: none (single-tenant, see domain.teams)."""
     report_secret_arn: str = ""
+    job_role_arn: str = ""
+    """The role the instances assume for each job's container (template.yaml `JobRole`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -77,4 +79,5 @@ class Settings:
             checkpoint_document=env.get("CHECKPOINT_DOCUMENT", ""),
             teams_parameter=env.get("TEAMS_PARAMETER", "").strip(),
             report_secret_arn=env.get("REPORT_SECRET_ARN", ""),
+            job_role_arn=env.get("JOB_ROLE_ARN", ""),
         )
