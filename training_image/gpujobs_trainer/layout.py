@@ -28,7 +28,7 @@ Reason = Literal["periodic", "preempted", "on-demand", "final"]
 REASONS: tuple[Reason, ...] = ("periodic", "preempted", "on-demand", "final")
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
-_RNG_FILE = re.compile(r"rng-rank-\d{5}\.json")
+_RNG_FILE = re.compile(r"rng-rank-\d{5,}\.json")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
