@@ -157,7 +157,7 @@ class CheckpointManager:
         writer = ShardWriter(str(folder), thread_count=WRITER_THREADS)
         rng_file = rng_file_name(self.env.rank)
         writer.digests[rng_file] = write_durably(folder / rng_file, json.dumps(capture_rng_states()))
-        job = _Save(step, reason, position, started, writer.digests)
+        pending = _Save(step, reason, position, started, writer.digests)
         if blocking:
             future: Future[SaveResult] = Future()
             try:
@@ -165,7 +165,7 @@ class CheckpointManager:
                 error = None
             except (Exception, CheckpointException) as exc:  # reported below, collectively
                 error = exc
-            future.set_result(self._complete(job, error))
+            future.set_result(self._complete(pending, error))
             return future
         if self.env.device.type == "cuda":
             # the staging stream must not read parameters that queued kernels still update
@@ -176,7 +176,7 @@ class CheckpointManager:
             self._staged, upload = response.staging_completion, response.upload_completion
         else:  # a stager that staged synchronously
             upload = response
-        self._in_flight = self._executor.submit(self._finish_async, upload, job)
+        self._in_flight = self._executor.submit(self._finish_async, upload, pending)
         return self._in_flight
 
     def _wait_for_staging(self, *_: Any) -> None:
@@ -190,23 +190,23 @@ class CheckpointManager:
             staged.result()
         self.last_staging_wait_s = time.monotonic() - started
 
-    def _finish_async(self, upload: Future[Any], job: _Save) -> SaveResult:
+    def _finish_async(self, upload: Future[Any], pending: _Save) -> SaveResult:
         error: BaseException | None = None
         try:
             upload.result()
         except (Exception, CheckpointException) as exc:
             error = exc
-        return self._complete(job, error)
+        return self._complete(pending, error)
 
-    def _complete(self, job: _Save, error: BaseException | None) -> SaveResult:
+    def _complete(self, pending: _Save, error: BaseException | None) -> SaveResult:
         """Upload this rank's files, agree that every rank succeeded, then rank 0 commits."""
-        step = job.step
+        step = pending.step
         folder = self.store.staging_dir(step)
         mine: dict[str, tuple[int, str]] = {}
         if error is None:
             try:
                 mine = {
-                    n: (s, job.digests[n]) for n, s in local_sizes(folder).items() if is_rank_file(n, self.env.rank)
+                    n: (s, pending.digests[n]) for n, s in local_sizes(folder).items() if is_rank_file(n, self.env.rank)
                 }
                 self.store.publish(step, sorted(mine))
             except Exception as exc:
@@ -218,36 +218,36 @@ class CheckpointManager:
         marker: CommitMarker | None = None
         if self.env.is_main and all(ok for ok, _ in reports):
             try:
-                marker = self._commit(job, reports)
+                marker = self._commit(pending, reports)
             except Exception as exc:
                 log.error("checkpoint step %d could not be committed: %s", step, exc)
         committed = [marker is not None]
         dist.broadcast_object_list(committed, src=0, group=self._group)
-        seconds = time.monotonic() - job.started
+        seconds = time.monotonic() - pending.started
         if committed[0]:
             self.last_committed_step = step
             self._after_commit(marker, step)
         return SaveResult(step, bool(committed[0]), seconds)
 
-    def _commit(self, job: _Save, reports: list[Any]) -> CommitMarker:
-        step = job.step
+    def _commit(self, pending: _Save, reports: list[Any]) -> CommitMarker:
+        step = pending.step
         self.store.publish(step, [DCP_METADATA_FILE])
         written: dict[str, tuple[int, str]] = {}
         for _, files in reports:
             written.update(files)
         written[DCP_METADATA_FILE] = (
             (self.store.staging_dir(step) / DCP_METADATA_FILE).stat().st_size,
-            job.digests[DCP_METADATA_FILE],
+            pending.digests[DCP_METADATA_FILE],
         )
         marker = CommitMarker(
             step=step,
             world_size=self.env.world_size,
             torch_version=torch.__version__,
-            reason=job.reason,
+            reason=pending.reason,
             files={name: size for name, (size, _) in written.items()},
             digests={name: digest for name, (_, digest) in written.items()},
             time=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            position=dict(job.position),
+            position=dict(pending.position),
             job_id=self.job_id,
             attempt=self.attempt,
         )
