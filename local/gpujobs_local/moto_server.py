@@ -63,13 +63,15 @@ def _is_loopback_address(address: str) -> bool:
 
 
 def _is_loopback_host(host: str) -> bool:
-    """A ``Host`` header naming a loopback address or localhost, with or without a port."""
+    """A ``Host`` header naming a loopback address, localhost or a name under it (S3 virtual-host
+    style: ``bucket.localhost``; browsers resolve ``*.localhost`` to loopback themselves, never
+    through DNS, so a rebound page cannot use one), with or without a port."""
     name = host.lower()
     if name.startswith("["):  # [::1] or [::1]:port
         name = name[1 : name.find("]")]
     elif name.count(":") == 1:  # name:port
         name = name.split(":")[0]
-    return name == "localhost" or _is_loopback_address(name)
+    return name == "localhost" or name.endswith(".localhost") or _is_loopback_address(name)
 
 
 class LoopbackOnly:

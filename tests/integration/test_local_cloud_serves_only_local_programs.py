@@ -45,7 +45,10 @@ def _environ(**overrides: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "environ",
     [_environ(), _environ(REMOTE_ADDR="::1", HTTP_HOST="[::1]:5000"), _environ(REMOTE_ADDR="::ffff:127.0.0.1")]
-    + [_environ(HTTP_HOST=host) for host in ("localhost:5000", "LOCALHOST", "127.0.0.1", "127.8.9.10:1")],
+    + [
+        _environ(HTTP_HOST=host)
+        for host in ("localhost:5000", "LOCALHOST", "bucket.localhost:5000", "127.0.0.1", "127.8.9.10:1")
+    ],
 )
 def test_a_local_program_reaches_moto(environ: dict[str, Any]) -> None:
     assert _call(environ) == ("200 OK", b"moto", 1)
