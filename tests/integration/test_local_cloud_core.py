@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -214,6 +215,17 @@ def test_the_gpujobs_cli_works_against_the_exports(
     assert "digits" in listing
     assert "RUNNING" in listing
     assert (cloud.workdir / "env.sh").read_text().count("export ") == len(cloud.exports())
+
+
+def test_the_exports_carry_credentials_generated_for_this_run_readable_only_by_the_user(cloud: LocalCloud) -> None:
+    exports = cloud.exports()
+    key, secret = exports["AWS_ACCESS_KEY_ID"], exports["AWS_SECRET_ACCESS_KEY"]
+    assert (key, secret) == (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+    assert not {key, secret} & {"local", "testing", "demo"}
+    assert len(secret) >= 30
+    env_sh = cloud.workdir / "env.sh"
+    assert f"export AWS_SECRET_ACCESS_KEY={secret}\n" in env_sh.read_text()
+    assert stat.S_IMODE(env_sh.stat().st_mode) == 0o600
 
 
 @pytest.mark.timeout(120)
