@@ -7,7 +7,10 @@ Measures, for a model + AdamW state of about --size-gb GB:
      real forward/backward of the benchmark model in between (and the same with no work in
      between, the worst case),
   3. time from a spot interruption notice (fake IMDSv2) to the committed checkpoint, on local disk
-     and on S3 (moto server on 127.0.0.1).
+     and on S3 (moto server on 127.0.0.1),
+  4. what trusting only our own checkpoints costs: the SHA-256 of the checkpoint's files (the
+     CPU time the save spends on digests, computed in its writer threads as the shards are
+     written; measured here alone, from the page cache) and a restore (verify + load).
 
     .venv/bin/python bench/checkpoint_bench.py --json bench/checkpoint_bench.json
 """
@@ -33,7 +36,7 @@ from torch import nn  # noqa: E402
 
 import gpujobs_trainer  # noqa: E402
 from gpujobs_trainer.config import TrainerConfig  # noqa: E402
-from gpujobs_trainer.storage import local_sizes  # noqa: E402
+from gpujobs_trainer.storage import file_sha256, local_sizes  # noqa: E402
 from tests.training.harness import FakeImds  # noqa: E402
 
 
@@ -89,6 +92,13 @@ def raw_write(folder: Path, nbytes: int) -> float:
     return seconds
 
 
+def sha256_seconds(folder: Path) -> float:
+    started = time.perf_counter()
+    for name in local_sizes(folder):
+        file_sha256(folder / name)
+    return time.perf_counter() - started
+
+
 def make_run(model: nn.Module, optimizer: torch.optim.Optimizer, env: dict[str, str]) -> gpujobs_trainer.Run:
     return gpujobs_trainer.init(model=model, optimizer=optimizer, config=TrainerConfig.from_env(env))
 
@@ -105,7 +115,7 @@ def sync_and_async(
     raw_write(root, sum(local_sizes(manager.store.staging_dir(10_000)).values()))
     manager.store.delete(10_000)
     # Saves and raw writes alternate so that both see the same disk (it is shared and noisy).
-    sync_times, raw_times = [], []
+    sync_times, raw_times, digest_times = [], [], []
     for i in range(reps):
         manager.wait_idle()  # saves are minutes apart in practice: the last purge is done
         started = time.perf_counter()
@@ -113,6 +123,7 @@ def sync_and_async(
         sync_times.append(time.perf_counter() - started)
         assert result.committed
         checkpoint_bytes = sum(local_sizes(manager.store.staging_dir(i + 1)).values())
+        digest_times.append(sha256_seconds(manager.store.staging_dir(i + 1)))
         manager.wait_idle()
         raw_times.append(raw_write(root, checkpoint_bytes))
     step_times = []
@@ -143,6 +154,11 @@ def sync_and_async(
         optimizer.step()
         worst.append(returned - started + manager.last_staging_wait_s)
         assert future.result().committed
+    manager.wait_idle()
+    manager.last_committed_step = None
+    started = time.perf_counter()
+    assert manager.restore() is not None
+    restore_s = time.perf_counter() - started
     manager.close()
     sync_s, raw_s = statistics.median(sync_times), statistics.median(raw_times)
     return {
@@ -153,6 +169,9 @@ def sync_and_async(
         "raw_throughput_mb_s": checkpoint_bytes / raw_s / 1e6,
         "sync_vs_raw_ratio": raw_s / sync_s,
         "sync_vs_raw_ratio_per_pair": sorted(r / t for r, t in zip(raw_times, sync_times, strict=True)),
+        "sha256_s": statistics.median(digest_times),
+        "sha256_vs_sync_ratio": statistics.median(digest_times) / sync_s,
+        "restore_s": restore_s,
         "train_step_s": statistics.median(step_times),
         "train_step_during_save_s": statistics.median(busy_steps),
         "async_blocking_s": statistics.median(blocking),
@@ -249,6 +268,12 @@ def print_table(r: dict[str, Any]) -> None:
         ("raw sequential write (fsync)", f"{r['raw_write_s']:.2f} s  {r['raw_throughput_mb_s']:.0f} MB/s", ""),
         ("sync checkpoint save", f"{r['sync_save_s']:.2f} s  {r['sync_throughput_mb_s']:.0f} MB/s", ""),
         ("sync throughput / raw", f"{r['sync_vs_raw_ratio']:.2f}", "target >= 0.7"),
+        (
+            "SHA-256 of the checkpoint files",
+            f"{r['sha256_s']:.2f} s  ({r['sha256_vs_sync_ratio']:.2f} of a sync save)",
+            "alone; in a save it runs in the writer threads",
+        ),
+        ("restore: verify digests + load", f"{r['restore_s']:.2f} s", ""),
         ("training step (fwd+bwd+AdamW)", f"{r['train_step_s']:.2f} s", "no save running"),
         ("async save: save() blocks", f"{r['async_blocking_s']:.3f} s (total {r['async_total_s']:.2f} s)", ""),
         ("async save: training stall", f"{r['async_stall_s']:.3f} s", "save() + wait in next optimizer.step()"),

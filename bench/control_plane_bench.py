@@ -36,6 +36,7 @@ STACK_ENV = {
     "SUBNET_IDS": "subnet-a,subnet-b",
     "ALLOWED_INSTANCE_TYPES": "g5.xlarge",
     "CHECKPOINT_DOCUMENT": "bench-checkpoint-now",
+    "REPORT_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:bench-report-AbCdEf",
 }
 """What the template gives every function: each handler checks its settings at import."""
 
@@ -98,6 +99,7 @@ def warm_cost(repeat: int) -> dict[str, Any]:
     from gpujobs.adapters.memory import (
         FakeCompute,
         FixedClock,
+        FixedReportKeys,
         InMemoryBlobStore,
         InMemoryBudgetBook,
         InMemoryIdleAlarms,
@@ -146,6 +148,7 @@ def warm_cost(repeat: int) -> dict[str, Any]:
         render_user_data=render_user_data,
         budgets=InMemoryBudgetBook(),
         alarms=InMemoryIdleAlarms(),
+        report_keys=FixedReportKeys(),
     )
     app.job_service = lambda: service
     app.handler(batch(-1), Context())  # warm-up: first-call caches (pydantic, regexes)

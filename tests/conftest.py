@@ -11,6 +11,12 @@ from gpujobs_local.stack import MotoStack, load_function
 
 __all__ = ["load_function"]
 
+# Powertools' logger and metrics are created once, when `gpujobs.runtime.observability` is first
+# imported, and read their service and namespace from the environment then: a test module that
+# imports it at collection (for a metric's name) must not leave them unset for every later test.
+os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "GpuJobs")
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "gpujobs")
+
 # Randomized tests: `ci` (the default) runs a few hundred sequences; `make soak` selects `soak`.
 _SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
 _SEQUENCES = {"max_examples": 300, "stateful_step_count": 100, "deadline": None, "suppress_health_check": _SLOW_IS_FINE}

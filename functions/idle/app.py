@@ -1,5 +1,8 @@
 """GPU-idle alarms (CloudWatch Alarm State Change, alarm name prefix gpujobs-idle-<stack>-).
 
+The rule filters on the prefix; the reaction still acts only on the exact name this stack gives
+the alarm of the instance it names (another stack's alarm is ignored and counted).
+
 Action `stop`: checkpoint now; once that checkpoint is committed the instances are terminated
 (spot) or stopped (on-demand) and the job goes STOPPED with reason idle. Action `ignore`: recorded.
 """
@@ -30,4 +33,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> None:
     if alarm.state.value != "ALARM" or instance_id is None:
         report(Reaction(Outcome.ALARM_NOT_ACTIONABLE, detail=f"alarm {alarm.alarm_name} is {alarm.state.value}"))
         return
-    report(reactions().idle_alarm(instance_id), alarm=alarm.alarm_name)
+    reaction = reactions().stack_alarm(
+        alarm_name=alarm.alarm_name, instance_id=instance_id, stack_name=SETTINGS.stack_name
+    )
+    report(reaction, alarm=alarm.alarm_name)

@@ -38,7 +38,7 @@ from gpujobs_local.event_sources import EventSources
 from gpujobs_local.faults import CapacityFault, CapacityFaults
 from gpujobs_local.invoker import EVENTS_DEAD_LETTER_QUEUE, Delivery, DeliveryLog, LambdaInvoker
 from gpujobs_local.loop import LoopThread
-from gpujobs_local.moto_server import FAKE_CREDENTIALS, MotoServer
+from gpujobs_local.moto_server import MotoServer
 from gpujobs_local.router import ACCOUNT
 from gpujobs_local.stack import ALLOWED, REGION, MotoStack
 
@@ -151,7 +151,7 @@ class LocalCloud:
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
-            **FAKE_CREDENTIALS,
+            **self._server.credentials,
             "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",
             "GPUJOBS_QUEUE_URL": self.outputs["JobsQueueUrl"],
             "GPUJOBS_TABLE": self.outputs["JobsTableName"],
@@ -260,6 +260,7 @@ class LocalCloud:
             "CheckpointBucketName": stack.bucket,
             "LaunchTemplateId": stack.launch_template,
             "InstanceRoleArn": f"arn:aws:iam::{ACCOUNT}:role/{self.stack_name}-InstanceRole",
+            "JobRoleArn": stack.job_role_arn,
             "SubmitFunctionName": f"{self.stack_name}-SubmitFunction",
             "BudgetAlertsTopicArn": topic,
             "CheckpointNowDocumentName": stack.checkpoint_document,
@@ -291,9 +292,10 @@ class LocalCloud:
         # the default session on two threads at once is not safe in botocore).
         for wire in (bootstrap.job_service, bootstrap.reactions, bootstrap.reconciler, bootstrap.budget_reactions):
             wire()
-        (self.workdir / "env.sh").write_text(
-            "".join(f"export {k}={v}\n" for k, v in self.exports().items()), encoding="utf-8"
-        )
+        # It holds this run's credentials: readable by the user only, from its creation on.
+        env_sh = os.open(self.workdir / "env.sh", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(env_sh, "w", encoding="utf-8") as handle:
+            handle.write("".join(f"export {k}={v}\n" for k, v in self.exports().items()))
         return sources
 
     def _require_running(self) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import gzip
 import importlib.util
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import boto3
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES
+from gpujobs.domain.report_auth import sign
+from gpujobs.instance.rundoc import extract_run_json
 from gpujobs_local import template
 from gpujobs_local.placement_groups import PlacementGroups
 
@@ -123,6 +126,8 @@ class MotoStack:
             Rule="all-state-changes", EventBusName=self.bus, Targets=[{"Id": "q", "Arn": observed_arn}]
         )
 
+        self.job_role_arn = self._create_job_role()
+
         self.ssm = boto3.client("ssm", region_name=REGION)
         self.checkpoint_document = f"{stack}-checkpoint-now"
         self.ssm.create_document(
@@ -130,6 +135,13 @@ class MotoStack:
             Content=json.dumps(template.properties("CheckpointNowDocument")["Content"]),
             DocumentType="Command",
         )
+
+        # The stack's report secret, generated as Secrets Manager does for the template's resource.
+        self.secrets = boto3.client("secretsmanager", region_name=REGION)
+        generated = self.secrets.get_random_password(**template.properties("ReportSecret")["GenerateSecretString"])
+        self.report_secret_arn = self.secrets.create_secret(
+            Name=f"{stack}-report-secret", SecretString=generated["RandomPassword"]
+        )["ARN"]
 
         self.env = {
             "JOBS_TABLE": self.table,
@@ -142,12 +154,32 @@ class MotoStack:
             "ALLOWED_INSTANCE_TYPES": ",".join(self.allowed_instance_types),
             "GPUJOBS_STACK_NAME": stack,
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
+            "REPORT_SECRET_ARN": self.report_secret_arn,
+            "JOB_ROLE_ARN": self.job_role_arn,
             "AWS_REGION": REGION,
         }
         if self.teams is not None:
             self.teams_parameter = f"/{stack}/teams"
             self.ssm.put_parameter(Name=self.teams_parameter, Value=self.teams, Type="String")
             self.env["TEAMS_PARAMETER"] = self.teams_parameter
+
+    def _create_job_role(self) -> str:
+        """The template's JobRole in moto's IAM: instances assume it per attempt (moto STS answers with real keys)."""
+        account = "123456789012"
+        trust, policy = template.role_documents(
+            "JobRole",
+            stack_name=self.stack_name,
+            attributes={
+                "InstanceRole.Arn": f"arn:aws:iam::{account}:role/{self.stack_name}-InstanceRole",
+                "CheckpointBucket.Arn": f"arn:aws:s3:::{self.bucket}",
+                "JobsEventBus.Arn": f"arn:aws:events:{REGION}:{account}:event-bus/{self.bus}",
+            },
+        )
+        iam = boto3.client("iam", region_name=REGION)
+        name = f"{self.stack_name}-JobRole"
+        arn: str = iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust)["Role"]["Arn"]
+        iam.put_role_policy(RoleName=name, PolicyName="gpujobs-job", PolicyDocument=policy)
+        return arn
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
@@ -239,6 +271,13 @@ class MotoStack:
         value = self.ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")["UserData"]["Value"]
         raw = base64.b64decode(value)
         return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+    def signed_by(self, instance_id: str, detail_type: str, detail: dict[str, Any]) -> dict[str, Any]:
+        """`detail` with the proof the instance's own code would add: signed now with the report key
+        in its user data (`gpujobs.domain.report_auth`)."""
+        key = bytes.fromhex(extract_run_json(self.user_data(instance_id))["report_key"])
+        signed_at = int(time.time())
+        return {**detail, "signed_at": signed_at, "signature": sign(key, detail_type, detail, signed_at=signed_at)}
 
     def dead_letters(self) -> list[dict[str, Any]]:
         return list(self.sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10).get("Messages", []))

@@ -233,7 +233,7 @@ def _resolve(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> An
                     raise TemplateError(f"no test value for ${{{match.group(1)}}} in {arg!r}")
                 return str(lookup[match.group(1)])
 
-            return _SUB_VARIABLE.sub(substitute, arg)
+            return _SUB_VARIABLE.sub(substitute, arg).replace("${!", "${")  # ${!x} is CloudFormation's literal ${x}
         if key.startswith("Fn::") or key == "Condition":
             raise TemplateError(f"cannot resolve {key} in {value!r}")
     return {k: _resolve(v, refs, attributes) for k, v in value.items()}
@@ -282,6 +282,20 @@ def policy_statements(logical_id: str) -> list[dict[str, Any]]:
         found = document.get("Statement", [])
         statements.extend([found] if isinstance(found, dict) else found)
     return statements
+
+
+def role_documents(logical_id: str, *, stack_name: str, attributes: dict[str, Any]) -> tuple[str, str]:
+    """A role's trust policy and inline policy as JSON, intrinsics replaced by `attributes` and the stack's values.
+
+    Statements behind a condition (``Fn::If``, e.g. data buckets given as a parameter) are left out:
+    the parameters they depend on default to empty.
+    """
+    refs = {"AWS::StackName": stack_name, "AWS::Partition": "aws", "AWS::Region": "us-east-1"}
+    refs["AWS::AccountId"] = "123456789012"
+    role = properties(logical_id)
+    statements = [s for s in policy_statements(logical_id) if "Fn::If" not in s]
+    policy = {"Version": "2012-10-17", "Statement": _resolve(statements, refs, attributes)}
+    return json.dumps(_resolve(role["AssumeRolePolicyDocument"], refs, attributes)), json.dumps(policy)
 
 
 def as_list(value: Any) -> list[Any]:

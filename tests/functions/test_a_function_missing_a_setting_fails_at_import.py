@@ -20,7 +20,7 @@ from tests.conftest import load_function
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_FUNCTION = {"JOBS_TABLE", "EVENT_BUS_NAME", "GPUJOBS_STACK_NAME"}
-LAUNCH = {"LAUNCH_TEMPLATE_ID", "SECURITY_GROUP_ID", "SUBNET_IDS", "CHECKPOINT_BUCKET"}
+LAUNCH = {"LAUNCH_TEMPLATE_ID", "SECURITY_GROUP_ID", "SUBNET_IDS", "CHECKPOINT_BUCKET", "REPORT_SECRET_ARN"}
 SIGNAL = {"CHECKPOINT_DOCUMENT"}
 ADMIT = {"ALLOWED_INSTANCE_TYPES"}
 
@@ -44,6 +44,7 @@ DEPLOYED_ENV = {
     "SUBNET_IDS": "subnet-a,subnet-b",
     "ALLOWED_INSTANCE_TYPES": "g5.xlarge,g6.xlarge",
     "CHECKPOINT_DOCUMENT": "gpujobs-checkpoint-now",
+    "REPORT_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:gpujobs-report-AbCdEf",
 }
 CASES = [
     pytest.param(name, variable, id=f"{name}-{variable}") for name in REQUIRED for variable in sorted(REQUIRED[name])

@@ -81,15 +81,19 @@ def test_exit_reports_and_state_changes_succeed_the_job_and_delete_its_alarms(st
         stack.eventbridge(
             "gpujobs.instance",
             "Job Exited",
-            {
-                "job_id": job.job_id,
-                "attempt": 1,
-                "node_rank": 0,
-                "instance_id": iid,
-                "exit_code": 0,
-                "reason": "exited",
-                "message": "",
-            },
+            stack.signed_by(
+                iid,
+                "Job Exited",
+                {
+                    "job_id": job.job_id,
+                    "attempt": 1,
+                    "node_rank": 0,
+                    "instance_id": iid,
+                    "exit_code": 0,
+                    "reason": "exited",
+                    "message": "",
+                },
+            ),
         ),
     )
 
@@ -130,13 +134,17 @@ def test_an_idle_alarm_checkpoints_then_terminates_the_spot_instance_and_stops_t
         stack.eventbridge(
             "gpujobs.trainer",
             "Checkpoint Committed",
-            {
-                "job_id": job.job_id,
-                "attempt": 1,
-                "step": 300,
-                "uri": f"s3://{stack.bucket}/jobs/{job.job_id}/ckpt/step-00000300",
-                "reason": "on-demand",
-            },
+            stack.signed_by(
+                iid,
+                "Checkpoint Committed",
+                {
+                    "job_id": job.job_id,
+                    "attempt": 1,
+                    "step": 300,
+                    "uri": f"s3://{stack.bucket}/jobs/{job.job_id}/ckpt/step-00000300",
+                    "reason": "on-demand",
+                },
+            ),
         ),
     )
     assert stack.instances() == []

@@ -36,7 +36,11 @@ def replay(stack: MotoStack, sample: str, job: Job) -> None:
     text = text.replace("gpujobs-idle-gpujobs-", f"gpujobs-idle-{STACK}-").replace(
         "gpujobs-gpujobs-", f"gpujobs-{STACK}-"
     )
-    load_function(sample.split("/", maxsplit=1)[0]).handler(json.loads(text), LambdaContext())
+    event = json.loads(text)
+    folder = sample.split("/", maxsplit=1)[0]
+    if folder == "reports":  # sent by the job's instance, which signs with its attempt's key
+        event["detail"] = stack.signed_by(iid, event["detail-type"], event["detail"])
+    load_function(folder).handler(event, LambdaContext())
 
 
 def now_running(stack: MotoStack) -> Job:

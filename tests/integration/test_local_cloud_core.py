@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -157,22 +158,24 @@ def test_a_capacity_error_on_g5_spot_moves_the_job_to_the_next_rung(cloud: Local
 @pytest.mark.timeout(120)
 def test_a_failing_handler_is_retried_then_dead_lettered(cloud: LocalCloud) -> None:
     seen = recorded(cloud)
+    # An AWS event in a shape the handler does not know (only AWS can put aws.* events on the
+    # default bus): it fails, so a schema change surfaces in the dead-letter queue. A malformed
+    # *report*, which any job could send, is consumed instead (docs/security.md).
     cloud.put_event(
-        source="gpujobs.instance",
-        detail_type="Job Exited",
-        detail={"exit_code": 0, "instance_id": "i-0123456789abcdef0"},  # no job_id: fails validation
-        bus=cloud.outputs["EventBusName"],
+        source="aws.ec2",
+        detail_type="EC2 Spot Instance Interruption Warning",
+        detail={"instance-id": "i-0123456789abcdef0", "instance-action": "explode"},  # fails validation
     )
     cloud.wait_until(lambda: bool(cloud.dead_letters()), timeout=30, what="a dead letter")
     (letter,) = cloud.dead_letters()
     assert letter["requestContext"]["condition"] == "RetriesExhausted"
-    assert letter["requestPayload"]["detail-type"] == "Job Exited"
+    assert letter["requestPayload"]["detail-type"] == "EC2 Spot Instance Interruption Warning"
     assert letter["responsePayload"]["errorType"] == "ValidationError"
-    tries = seen.to("ReportsFunction")
+    tries = seen.to("SpotFunction")
     assert [d.attempt for d in tries] == [1, 2, 3]  # EventInvokeConfig.MaximumRetryAttempts: 2
     assert [d.dead_lettered for d in tries] == [False, False, True]
     time.sleep(0.3)
-    assert len(seen.to("ReportsFunction")) == 3  # not retried forever
+    assert len(seen.to("SpotFunction")) == 3  # not retried forever
 
 
 @pytest.mark.timeout(120)
@@ -214,6 +217,17 @@ def test_the_gpujobs_cli_works_against_the_exports(
     assert (cloud.workdir / "env.sh").read_text().count("export ") == len(cloud.exports())
 
 
+def test_the_exports_carry_credentials_generated_for_this_run_readable_only_by_the_user(cloud: LocalCloud) -> None:
+    exports = cloud.exports()
+    key, secret = exports["AWS_ACCESS_KEY_ID"], exports["AWS_SECRET_ACCESS_KEY"]
+    assert (key, secret) == (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+    assert not {key, secret} & {"local", "testing", "demo"}
+    assert len(secret) >= 30
+    env_sh = cloud.workdir / "env.sh"
+    assert f"export AWS_SECRET_ACCESS_KEY={secret}\n" in env_sh.read_text()
+    assert stat.S_IMODE(env_sh.stat().st_mode) == 0o600
+
+
 @pytest.mark.timeout(120)
 def test_the_reconciler_runs_on_demand_and_on_schedule(tmp_path: Path) -> None:
     with LocalCloud(workdir=tmp_path, reconcile_every=0.5, poll_interval=0.05) as cloud:
@@ -227,3 +241,39 @@ def test_the_reconciler_runs_on_demand_and_on_schedule(tmp_path: Path) -> None:
         url, env = cloud.endpoint_url, json.dumps(cloud.exports())
     assert not port_is_open(url)
     assert os.environ.get("AWS_ENDPOINT_URL") != json.loads(env)["AWS_ENDPOINT_URL"]
+
+
+@pytest.mark.timeout(120)
+def test_a_report_forged_by_another_job_is_consumed_and_changes_nothing(cloud: LocalCloud) -> None:
+    """Any job may put events on the stack's bus; only the instances of the attempt a report names
+    hold the key that proves it (the report secret lives in the moto server's Secrets Manager)."""
+    from gpujobs.adapters.dynamodb import DynamoJobStore
+    from gpujobs.domain.states import JobState
+
+    assert cloud.stack is not None
+    seen = recorded(cloud)
+    cloud.client("sqs").send_message(
+        QueueUrl=cloud.outputs["JobsQueueUrl"], MessageBody=(ROOT / "examples/digits.yaml").read_text()
+    )
+    cloud.wait_until(lambda: bool(job_instances(cloud)), timeout=30, what="the job's instance")
+    (instance,) = job_instances(cloud)
+    iid = instance["InstanceId"]
+    job_id = {t["Key"]: t["Value"] for t in instance["Tags"]}["gpujobs:job-id"]
+    store = DynamoJobStore(table_name=cloud.outputs["JobsTableName"], client=cloud.client("dynamodb"))
+    exit_1 = {"job_id": job_id, "attempt": 1, "node_rank": 0, "instance_id": iid, "exit_code": 1, "reason": "x"}
+
+    cloud.put_event(
+        source="gpujobs.instance", detail_type="Job Exited", detail=exit_1, bus=cloud.outputs["EventBusName"]
+    )
+    cloud.wait_until(lambda: bool(seen.to("ReportsFunction")), timeout=30, what="ReportsFunction")
+    (forged,) = seen.to("ReportsFunction")
+    assert forged.ok, forged.outcome  # consumed, not retried
+    assert store.get(job_id).state is JobState.RUNNING
+    assert store.get(job_id).attempt(1).exit_codes == {}  # type: ignore[union-attr]
+
+    signed = cloud.stack.signed_by(iid, "Job Exited", exit_1)  # what the instance itself would send
+    cloud.put_event(
+        source="gpujobs.instance", detail_type="Job Exited", detail=signed, bus=cloud.outputs["EventBusName"]
+    )
+    cloud.wait_until(lambda: len(seen.to("ReportsFunction")) == 2, timeout=30, what="the signed report")
+    assert store.get(job_id).attempt(1).exit_codes == {iid: 1}  # type: ignore[union-attr]

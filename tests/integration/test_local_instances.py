@@ -24,6 +24,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.instance.userdata import render_user_data
 from gpujobs_local.instances import REBALANCE, SPOT_WARNING, STATE_CHANGE, InstanceRunner
@@ -428,3 +429,31 @@ def test_the_digits_example_trains_through_bootstrap_launcher_and_torchrun(
     keys = [o["Key"] for o in cloud.s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert any(k.endswith("/COMMIT.json") for k in keys), keys
     assert "--nproc-per-node 2" in log
+
+
+def test_a_job_with_its_own_role_hears_the_spot_notice_through_the_filtered_imds(
+    cloud: Cloud, make_runner: Callable[..., InstanceRunner], tmp_path: Path
+) -> None:
+    """The workload's IMDS is the bootstrap's filtered one: the notice arrives, the instance role does not."""
+    runner = make_runner()
+    out, ready = tmp_path / "notice", tmp_path / "ready"
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    [iid] = cloud.launch(
+        command=[sys.executable, "-c", WATCHES_SPOT_NOTICE],
+        env={"OUT_FILE": str(out), "READY_FILE": str(ready)},
+        spot=True,
+        job_id=job_id,
+        job_role_arn="arn:aws:iam::123456789012:role/gpujobs-local-JobRole",
+        session_policy=session_policy_json(bucket="unused", job_id=job_id, team="vision"),
+        session_tags=session_tags(job_id=job_id, team="vision", attempt=1),
+    )
+    wait_for_file(runner, ready)
+
+    runner.interrupt_spot(iid, notice_seconds=2.0)
+    wait_for_file(runner, out, timeout=10)
+    poll_until(runner, lambda: runner.instances[iid].state == "terminated", timeout=20)
+
+    assert json.loads(out.read_text().splitlines()[0])["action"] == "terminate"
+    log = runner.log_path(iid).read_text()
+    assert "the workload gets the job role's credentials from http://127.0.0.1:" in log
+    assert [e["exit_code"] for e in cloud.exits()] == [75]

@@ -52,6 +52,10 @@ EVENT_FUNCTIONS = {
     "ReconcilerFunction": "functions/reconciler/",
 }
 """Functions driven by the cloud's events (and the clock); each may launch, stop or signal instances."""
+LAUNCHERS = ("SubmitFunction", "SpotFunction", "InstanceStateFunction", "ReportsFunction", "ReconcilerFunction")
+"""Functions whose reactions may launch an attempt (and so also end one, and manage its alarms)."""
+SIGNALLERS = ("SpotFunction", "IdleFunction", "BudgetFunction", "ReconcilerFunction")
+"""Functions whose reactions may ask a container to checkpoint now."""
 TAG_KEYS_THE_LAUNCHER_WRITES = {"gpujobs:stack", "gpujobs:job-id", "gpujobs:attempt", "gpujobs:team", "Name"}
 ENV_THE_SETTINGS_READ = {
     "JOBS_TABLE",
@@ -194,14 +198,14 @@ def test_image_is_resolved_from_an_ssm_parameter_at_launch() -> None:
 
 
 def test_security_group_admits_only_its_own_members() -> None:
+    """The stack's group admits nothing: peers are admitted by each job's own group, which the
+    launcher creates (tests/service/test_gangs_of_different_jobs_cannot_reach_each_other.py), so a
+    stack-wide self-ingress no longer lets every job reach every other job's instances."""
     group = properties("InstanceSecurityGroup")
     ingress = resources_of_type("AWS::EC2::SecurityGroupIngress")
 
     assert "SecurityGroupIngress" not in group
-    assert list(ingress) == ["InstanceSecurityGroupSelfIngress"]
-    rule = ingress["InstanceSecurityGroupSelfIngress"]["Properties"]
-    assert rule["SourceSecurityGroupId"] == rule["GroupId"] == {"Fn::GetAtt": ["InstanceSecurityGroup", "GroupId"]}
-    assert not [k for k in rule if k.startswith("CidrIp")]
+    assert list(ingress) == []
 
 
 # ---------------------------------------------------------------------------- functions
@@ -286,7 +290,7 @@ def test_the_launch_lease_outlasts_every_launching_function_and_expires_before_a
     launching = [
         logical_id
         for logical_id, _ in resources_of_type("AWS::Serverless::Function").items()
-        if "LauncherPolicy" in _managed_policies_of(logical_id)
+        if "LaunchPolicy" in _managed_policies_of(logical_id)
     ]
 
     assert "SubmitFunction" in launching
@@ -590,11 +594,11 @@ def test_every_function_reads_and_writes_the_jobs_table_and_publishes_only_on_th
 
 
 def test_every_function_that_may_launch_gets_the_launch_permissions_submit_has() -> None:
-    for logical_id in ["SubmitFunction", *EVENT_FUNCTIONS]:
+    for logical_id in LAUNCHERS:
         statements = _function_statements(logical_id)
         launches = _allowing(statements, "ec2:RunInstances")
 
-        assert _managed_policies_of(logical_id) == ["LauncherPolicy"], logical_id
+        assert _managed_policies_of(logical_id)[:3] == ["LaunchPolicy", "EndPolicy", "IdleAlarmsPolicy"], logical_id
         assert any(":instance/*" in _resources_text(s) and "Condition" in s for s in launches), logical_id
         assert any(":launch-template/" in _resources_text(s) for s in launches), logical_id
         assert _allowing(statements, "iam:PassRole"), logical_id
@@ -614,11 +618,13 @@ def test_every_function_that_may_launch_gets_the_launch_permissions_submit_has()
             "cloudwatch:DescribeAlarms",
         ):
             assert _allowing(statements, action), (logical_id, action)
-        assert _allowing(statements, "ssm:SendCommand"), logical_id
+    # Signalling a checkpoint is given to exactly the functions whose reactions ask for one.
+    for logical_id in SIGNALLERS:
+        assert _allowing(_function_statements(logical_id), "ssm:SendCommand"), logical_id
 
 
 def test_idle_alarms_may_be_managed_only_under_this_stacks_name_prefix() -> None:
-    statements = _managed_policy_statements("LauncherPolicy")
+    statements = _managed_policy_statements("IdleAlarmsPolicy")
     for action in ("cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource"):
         (statement,) = _allowing(statements, action)
 

@@ -9,6 +9,7 @@ import pytest
 from gpujobs.adapters.memory import (
     FakeCompute,
     FixedClock,
+    FixedReportKeys,
     InMemoryBlobStore,
     InMemoryBudgetBook,
     InMemoryIdleAlarms,
@@ -57,6 +58,7 @@ class World:
             render_user_data=renderer,
             budgets=self.budgets,
             alarms=self.alarms,
+            report_keys=FixedReportKeys(),
             jitter=lambda: 0.5,
         )
 

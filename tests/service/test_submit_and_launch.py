@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import timedelta
 
@@ -273,7 +274,14 @@ def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
 
     key = f"jobs/{job_id}/attempt-1/run.json"
     assert json.loads(world.blobs.objects[key])["env"] == big_env
-    assert json.loads(world.compute.calls[0].user_data) == {"run_document_uri": f"s3://checkpoints/{key}"}
+    # the attempt's report key stays in user data, beside the pointer; the S3 copy never holds it
+    report_key = world.service.report_keys.key_for(job_id=job_id, attempt=1).hex()
+    assert json.loads(world.compute.calls[0].user_data) == {
+        "run_document_uri": f"s3://checkpoints/{key}",
+        "run_document_sha256": hashlib.sha256(world.blobs.objects[key].encode()).hexdigest(),
+        "report_key": report_key,
+    }
+    assert report_key not in world.blobs.objects[key]
 
 
 def test_a_failed_event_publication_does_not_undo_the_recorded_job(world: World) -> None:

@@ -6,6 +6,7 @@ failing, and a hung test must fail, not block the suite.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -167,6 +168,20 @@ def run_job(env: Mapping[str, str], *args: str, timeout: float = JOB_TIMEOUT) ->
 def commit_of(checkpoint_dir: Path, step: int) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((checkpoint_dir / f"step-{step:08d}" / "COMMIT.json").read_text())
     return data
+
+
+def recommit(step_dir: Path, **changes: Any) -> None:
+    """Rewrite a step's COMMIT.json so that it vouches for the files there now (names, sizes and
+    SHA-256), with ``changes`` to its other fields: what anyone who can write the folder can forge."""
+    marker_path = step_dir / "COMMIT.json"
+    marker = json.loads(marker_path.read_text())
+    marker["files"] = [
+        {"name": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(step_dir.iterdir())
+        if p.name != marker_path.name
+    ]
+    marker.update(changes)
+    marker_path.write_text(json.dumps(marker))
 
 
 def committed_steps(checkpoint_dir: Path) -> list[int]:

@@ -9,7 +9,7 @@ import pytest
 
 from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE
 from tests.training.conftest import Baseline
-from tests.training.harness import JobResult, job_env, run_job
+from tests.training.harness import JobResult, job_env, recommit, run_job
 from tests.training.test_checkpoints_round_trip_through_s3 import aws_env  # noqa: F401 (module fixture)
 
 pytestmark = pytest.mark.training
@@ -47,6 +47,10 @@ def test_a_corrupt_committed_checkpoint_is_reported_not_silently_replaced_by_a_f
     shutil.copytree(baseline.checkpoint_dir, checkpoints)
     shard = checkpoints / "step-00000400" / "__0_0.distcp"
     shard.write_bytes(b"\x00garbage" * (shard.stat().st_size // 8) + b"\x00" * (shard.stat().st_size % 8))
+    # The marker vouches for the garbage (say the bytes were corrupted before their digest was
+    # taken): it passes verification and fails to load. A shard that differs from its digest is
+    # skipped for the previous commit instead (test_checkpoints_are_trusted_only_if_ours).
+    recommit(shard.parent)
 
     result = run_job(job_env(str(checkpoints)), "--steps", "500")
 

@@ -24,6 +24,7 @@ from gpujobs.instance.workload_env import container_env
 from gpujobs_local.template import resources_of_type
 from gpujobs_trainer import events as trainer_events
 from gpujobs_trainer import layout as trainer_layout
+from gpujobs_trainer import signing as trainer_signing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,7 @@ COPIES = {
     "training_image/gpujobs_trainer/errors.py",
     "training_image/gpujobs_trainer/events.py",
     "training_image/gpujobs_trainer/layout.py",
+    "training_image/gpujobs_trainer/signing.py",
 }
 SOURCE_FOLDERS = ("layers", "functions", "cli", "local", "training_image")
 
@@ -83,6 +85,7 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "event_bus": "bus",
         "resume_from_step": 100,
         "env": {"LR": "0.1"},
+        "report_key": "00" * 32,
     }
     env = container_env(doc, rank=1, master_addr="10.0.0.1", instance_id="i-0123456789abcdef0", region="us-east-1")
     assert sorted(k for k in env if k.startswith("GPUJOBS_")) == sorted(contract.WORKLOAD_ENV)
@@ -120,6 +123,18 @@ def test_the_trainer_writes_checkpoints_in_the_layout_the_bootstrap_reads() -> N
     for step in (0, 42, 99_999_999):
         assert trainer_layout.step_dir_name(step) == contract.checkpoint_step_dir(step)
         assert trainer_layout.parse_step_dir(contract.checkpoint_step_dir(step)) == step
+
+
+def test_the_trainer_signs_the_fields_the_control_plane_acts_on_under_its_scheme() -> None:
+    assert trainer_signing.SIGNED_FIELDS == contract.REPORT_SIGNED_FIELDS
+    assert trainer_signing.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
+    assert trainer_signing.REPORT_KEY_ENV in contract.WORKLOAD_ENV
+
+
+def test_the_bootstrap_signs_its_exit_under_the_scheme_the_control_plane_verifies() -> None:
+    assert contract.REPORT_SIGNED_FIELDS[contract.JOB_EXITED] == instance_contract.EXIT_SIGNED_FIELDS
+    assert instance_contract.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
+    assert instance_contract.REPORT_KEY_ENV == trainer_signing.REPORT_KEY_ENV
 
 
 # ---- template.yaml's copy ---------------------------------------------------------------------

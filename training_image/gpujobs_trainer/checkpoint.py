@@ -14,7 +14,12 @@ Design choices, each from a failure seen or documented (see docs/training.md):
   (parameters, optimizer state) are copied there; everything else (buffers, scheduler) is copied
   before ``save`` returns, and an optimizer step pre-hook waits for the copy to finish.
 - torch.save's per-record CRC32 is skipped while DCP writes shards: torch.load never checks it,
-  and computing it cost ~0.7 s per GB on one core (sizes in COMMIT.json guard truncation).
+  and computing it cost ~0.7 s per GB on one core. Instead each file's SHA-256 is computed as it
+  is written and recorded in COMMIT.json, with the job and attempt.
+- A checkpoint is trusted only if it is ours: before loading, its marker must name this job and its
+  folder hold exactly the listed files with their sizes and digests; one that fails is skipped for
+  the next older committed one (logged). Loading itself never unpickles arbitrary objects
+  (`safe_load`), since whoever can plant files can also write a matching marker.
 
 What a checkpoint holds and how its shards are written live in `state_io`; this module decides when
 to save, commits, purges and restores.
@@ -32,12 +37,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -51,11 +56,13 @@ from gpujobs_trainer.layout import (
     CommitMarker,
     Reason,
     is_rank_file,
+    provenance_problems,
     resume_candidates,
     rng_file_name,
     steps_to_purge,
 )
 from gpujobs_trainer.rng import capture_rng_states, restore_rng_states
+from gpujobs_trainer.safe_load import SafeLoadPlanner, SafeReader, load_metadata
 from gpujobs_trainer.state_io import WRITER_THREADS, ShardWriter, TrainingState, optimizer_owned, snapshot_mutables
 from gpujobs_trainer.storage import CheckpointStore, S3Store, local_sizes, write_durably
 
@@ -71,7 +78,20 @@ class SaveResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class _Save:
+    """One save in progress: what it is for, and the SHA-256 of each file this rank wrote for it
+    (``digests`` is filled while the shards are written)."""
+
+    step: int
+    reason: Reason
+    position: Mapping[str, int]
+    started: float
+    digests: Mapping[str, str]
+
+
 CommitListener = Callable[[CommitMarker, str], None]
+_T = TypeVar("_T")
 
 
 class CheckpointManager:
@@ -134,28 +154,29 @@ class CheckpointManager:
             shutil.rmtree(folder, ignore_errors=True)  # leftovers of a save cut short
             folder.mkdir(parents=True, exist_ok=True)
         dist.barrier(group=self._group)
-        write_durably(folder / rng_file_name(self.env.rank), json.dumps(capture_rng_states()))
+        writer = ShardWriter(str(folder), thread_count=WRITER_THREADS)
+        rng_file = rng_file_name(self.env.rank)
+        writer.digests[rng_file] = write_durably(folder / rng_file, json.dumps(capture_rng_states()))
+        pending = _Save(step, reason, position, started, writer.digests)
         if blocking:
             future: Future[SaveResult] = Future()
             try:
-                dcp_save({"app": self.state}, storage_writer=self._writer(folder), process_group=self._group)
+                dcp_save({"app": self.state}, storage_writer=writer, process_group=self._group)
                 error = None
             except (Exception, CheckpointException) as exc:  # reported below, collectively
                 error = exc
-            future.set_result(self._complete(step, reason, position, started, error))
+            future.set_result(self._complete(pending, error))
             return future
         if self.env.device.type == "cuda":
             # the staging stream must not read parameters that queued kernels still update
             torch.cuda.current_stream(self.env.device).synchronize()
         payload = {"app": snapshot_mutables(self.state.state_dict(), optimizer_owned(self.state.optimizer))}
-        response = dcp_async_save(
-            payload, storage_writer=self._writer(folder), process_group=self._group, async_stager=self._stager
-        )
+        response = dcp_async_save(payload, storage_writer=writer, process_group=self._group, async_stager=self._stager)
         if isinstance(response, AsyncSaveResponse):
             self._staged, upload = response.staging_completion, response.upload_completion
         else:  # a stager that staged synchronously
             upload = response
-        self._in_flight = self._executor.submit(self._finish_async, upload, step, reason, position, started)
+        self._in_flight = self._executor.submit(self._finish_async, upload, pending)
         return self._in_flight
 
     def _wait_for_staging(self, *_: Any) -> None:
@@ -169,34 +190,24 @@ class CheckpointManager:
             staged.result()
         self.last_staging_wait_s = time.monotonic() - started
 
-    @staticmethod
-    def _writer(folder: Any) -> FileSystemWriter:
-        return ShardWriter(str(folder), thread_count=WRITER_THREADS)
-
-    def _finish_async(
-        self, upload: Future[Any], step: int, reason: Reason, position: Mapping[str, int], started: float
-    ) -> SaveResult:
+    def _finish_async(self, upload: Future[Any], pending: _Save) -> SaveResult:
         error: BaseException | None = None
         try:
             upload.result()
         except (Exception, CheckpointException) as exc:
             error = exc
-        return self._complete(step, reason, position, started, error)
+        return self._complete(pending, error)
 
-    def _complete(
-        self,
-        step: int,
-        reason: Reason,
-        position: Mapping[str, int],
-        started: float,
-        error: BaseException | None,
-    ) -> SaveResult:
+    def _complete(self, pending: _Save, error: BaseException | None) -> SaveResult:
         """Upload this rank's files, agree that every rank succeeded, then rank 0 commits."""
+        step = pending.step
         folder = self.store.staging_dir(step)
-        mine: dict[str, int] = {}
+        mine: dict[str, tuple[int, str]] = {}
         if error is None:
             try:
-                mine = {n: s for n, s in local_sizes(folder).items() if is_rank_file(n, self.env.rank)}
+                mine = {
+                    n: (s, pending.digests[n]) for n, s in local_sizes(folder).items() if is_rank_file(n, self.env.rank)
+                }
                 self.store.publish(step, sorted(mine))
             except Exception as exc:
                 error = exc
@@ -207,31 +218,36 @@ class CheckpointManager:
         marker: CommitMarker | None = None
         if self.env.is_main and all(ok for ok, _ in reports):
             try:
-                marker = self._commit(step, reason, position, reports)
+                marker = self._commit(pending, reports)
             except Exception as exc:
                 log.error("checkpoint step %d could not be committed: %s", step, exc)
         committed = [marker is not None]
         dist.broadcast_object_list(committed, src=0, group=self._group)
-        seconds = time.monotonic() - started
+        seconds = time.monotonic() - pending.started
         if committed[0]:
             self.last_committed_step = step
             self._after_commit(marker, step)
         return SaveResult(step, bool(committed[0]), seconds)
 
-    def _commit(self, step: int, reason: Reason, position: Mapping[str, int], reports: list[Any]) -> CommitMarker:
+    def _commit(self, pending: _Save, reports: list[Any]) -> CommitMarker:
+        step = pending.step
         self.store.publish(step, [DCP_METADATA_FILE])
-        files: dict[str, int] = {}
-        for _, sizes in reports:
-            files.update(sizes)
-        files[DCP_METADATA_FILE] = (self.store.staging_dir(step) / DCP_METADATA_FILE).stat().st_size
+        written: dict[str, tuple[int, str]] = {}
+        for _, files in reports:
+            written.update(files)
+        written[DCP_METADATA_FILE] = (
+            (self.store.staging_dir(step) / DCP_METADATA_FILE).stat().st_size,
+            pending.digests[DCP_METADATA_FILE],
+        )
         marker = CommitMarker(
             step=step,
             world_size=self.env.world_size,
             torch_version=torch.__version__,
-            reason=reason,
-            files=files,
+            reason=pending.reason,
+            files={name: size for name, (size, _) in written.items()},
+            digests={name: digest for name, (_, digest) in written.items()},
             time=datetime.now(UTC).isoformat(timespec="milliseconds"),
-            position=dict(position),
+            position=dict(pending.position),
             job_id=self.job_id,
             attempt=self.attempt,
         )
@@ -284,47 +300,72 @@ class CheckpointManager:
 
     # ---- restoring ----------------------------------------------------------------------------
     def restore(self) -> CommitMarker | None:
-        """Load the newest committed checkpoint; None when there is none. Never silently skips a
-        committed checkpoint that fails to load: that raises CheckpointError on every rank."""
+        """Load the newest committed checkpoint that is ours; None when there is none.
+
+        A step whose marker is malformed, names another job, or whose files differ from what it
+        records is skipped (logged) for the next older one. Never silently starts from scratch:
+        when committed steps exist but none passes, or one passes and then fails to load, every
+        rank raises CheckpointError."""
         self.wait_idle()
         candidates = self._shared(self._committed_markers)
-        for marker in candidates:
-            problem = self._shared_ok(functools.partial(self._fetch, marker))
-            if problem:
-                log.warning("skipping checkpoint step %d: %s", marker.step, problem)
+        for step, marker, listed_problem in candidates:
+            problem = listed_problem
+            if marker is not None and not problem:
+                problem = self._shared_ok(functools.partial(self._fetch, marker))
+            if marker is None or problem:
+                log.warning("skipping checkpoint step %d: %s", step, problem)
                 continue
-            folder = self.store.staging_dir(marker.step)
+            folder = self.store.staging_dir(step)
             try:
-                dcp_load({"app": self.state}, checkpoint_id=str(folder), process_group=self._group)
+                dcp_load(
+                    {"app": self.state},
+                    storage_reader=SafeReader(folder),
+                    planner=SafeLoadPlanner(),
+                    process_group=self._group,
+                )
+                self._restore_rng(marker, folder)
             except (Exception, CheckpointException) as exc:
                 raise CheckpointError(
-                    f"checkpoint {self.store.step_uri(marker.step)} is committed but corrupt: {_summary(exc)}"
+                    f"checkpoint {self.store.step_uri(step)} is committed but corrupt: {_summary(exc)}"
                 ) from exc
-            self._restore_rng(marker, folder)
-            self.last_committed_step = marker.step
+            self.last_committed_step = step
             self.last_commit = marker
             return marker
         if candidates:
-            steps = ", ".join(str(m.step) for m in candidates)
+            steps = ", ".join(str(step) for step, _, _ in candidates)
             raise CheckpointError(
                 f"no usable checkpoint at {self.store.uri}: committed steps {steps} all failed verification"
             )
         return None
 
-    def _committed_markers(self) -> list[CommitMarker]:
+    def _committed_markers(self) -> list[tuple[int, CommitMarker | None, str]]:
+        """Committed steps, newest first, each with its marker (None if unreadable) and why it
+        cannot be trusted ('' when it can, as far as the marker itself tells)."""
         listing = self.store.listing()
         if listing.uncommitted:
             log.warning(
                 "ignoring checkpoint folders without COMMIT.json (saves cut short): steps %s",
                 ", ".join(str(s) for s in listing.uncommitted),
             )
-        return [self.store.read_commit(step) for step in resume_candidates(listing)]
+        candidates: list[tuple[int, CommitMarker | None, str]] = []
+        for step in resume_candidates(listing):
+            try:
+                marker = self.store.read_commit(step)
+            except CheckpointError as exc:
+                candidates.append((step, None, str(exc)))
+                continue
+            problems = provenance_problems(marker, step=step, job_id=self.job_id)
+            candidates.append((step, marker, "; ".join(problems)))
+        return candidates
 
     def _fetch(self, marker: CommitMarker) -> None:
+        """Verify the step's files (downloading them first from S3) and that its DCP metadata
+        loads safely and points only into listed shards; once per node."""
         if self.env.local_rank == 0:
-            self.store.fetch(marker.step, marker)
+            folder = self.store.fetch(marker.step, marker)
+            load_metadata(folder / DCP_METADATA_FILE, shard_files=marker.files)
 
-    def _restore_rng(self, marker: CommitMarker, folder: Any) -> None:
+    def _restore_rng(self, marker: CommitMarker, folder: Path) -> None:
         path = folder / rng_file_name(self.env.rank)
         if marker.world_size != self.env.world_size or not path.is_file():
             log.warning(
@@ -336,7 +377,7 @@ class CheckpointManager:
             return
         restore_rng_states(json.loads(path.read_text(encoding="utf-8")))
 
-    def _shared(self, produce: Callable[[], list[CommitMarker]]) -> list[CommitMarker]:
+    def _shared(self, produce: Callable[[], list[_T]]) -> list[_T]:
         """Run ``produce`` on rank 0 and give every rank its result or its error."""
         box: list[Any] = [None]
         if self.env.is_main:
@@ -348,7 +389,7 @@ class CheckpointManager:
         status, value = box[0]
         if status == "error":
             raise CheckpointError(f"cannot read checkpoints at {self.store.uri}: {value}")
-        result: list[CommitMarker] = value
+        result: list[_T] = value
         return result
 
     def _shared_ok(self, action: Callable[[], None]) -> str:

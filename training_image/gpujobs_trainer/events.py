@@ -1,7 +1,8 @@
 """Progress reports to the stack's EventBridge bus (source ``gpujobs.trainer``).
 
 Reporting is advisory: the control plane reconciles from S3 and EC2 anyway. So publishing
-happens on a background thread and every failure is logged, never raised into training.
+happens on a background thread and every failure is logged, never raised into training. Every
+report is signed with the attempt's report key (``signing``), or the control plane ignores it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
+
+from gpujobs_trainer.signing import key_from_env, signed
 
 log = logging.getLogger("gpujobs_trainer")
 
@@ -35,9 +38,10 @@ class NullPublisher:
 
 
 class EventBridgePublisher:
-    """PutEvents on one bus, one background thread, failures logged."""
+    """PutEvents on one bus, one background thread, failures logged; each report signed with ``key``
+    (by default the attempt's key the bootstrap put in the environment)."""
 
-    def __init__(self, bus: str, *, client: Any = None) -> None:
+    def __init__(self, bus: str, *, client: Any = None, key: bytes | None = None) -> None:
         if client is None:
             import boto3
             from botocore.config import Config
@@ -45,6 +49,7 @@ class EventBridgePublisher:
             client = boto3.client("events", config=Config(retries={"max_attempts": 3}, connect_timeout=3))
         self.bus = bus
         self._client = client
+        self._key = key_from_env() if key is None else key
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpujobs-events")
 
     def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
@@ -61,7 +66,7 @@ class EventBridgePublisher:
                     {
                         "Source": SOURCE,
                         "DetailType": detail_type,
-                        "Detail": json.dumps(detail),
+                        "Detail": json.dumps(signed(self._key, detail_type, detail)),
                         "EventBusName": self.bus,
                     }
                 ]

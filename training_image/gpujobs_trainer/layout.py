@@ -1,10 +1,15 @@
-"""Checkpoint layout and the pure rules about it: naming, the commit marker, what to resume from
-and what may be purged.
+"""Checkpoint layout and the pure rules about it: naming, the commit marker, whether a checkpoint
+is ours, what to resume from and what may be purged.
 
 A checkpoint is the folder ``step-NNNNNNNN/`` (eight digits, so names sort like numbers) holding
 the DCP shards ``__<rank>_<n>.distcp``, DCP's ``.metadata``, one ``rng-rank-NNNNN.json`` per rank
 and, written last by rank 0 once every rank has finished, ``COMMIT.json``. A folder without
 ``COMMIT.json`` is a save that was cut short: it is never resumed from.
+
+The marker records the job and attempt that wrote the step and the size and SHA-256 of every file
+in it. A resume trusts a step only when the marker names this job, lists only the file names above
+(no separators, nothing outside the folder, locally or as S3 keys) and every listed file is there
+with its size and digest, and nothing else is: anything else was planted, tampered with or torn.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ DCP_METADATA_FILE = ".metadata"
 Reason = Literal["periodic", "preempted", "on-demand", "final"]
 REASONS: tuple[Reason, ...] = ("periodic", "preempted", "on-demand", "final")
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+_SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
+_RNG_FILE = re.compile(r"rng-rank-\d{5,}\.json")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def step_dir_name(step: int) -> str:
@@ -41,6 +49,16 @@ def rng_file_name(rank: int) -> str:
     return f"rng-rank-{rank:05d}.json"
 
 
+def is_shard_file(name: str) -> bool:
+    """A DCP shard name, ``__<rank>_<n>.distcp``: the only files DCP's metadata may point into."""
+    return _SHARD_FILE.fullmatch(name) is not None
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """A name a step folder may hold (besides COMMIT.json): a shard, DCP's metadata, an RNG file."""
+    return name == DCP_METADATA_FILE or is_shard_file(name) or _RNG_FILE.fullmatch(name) is not None
+
+
 def is_rank_file(name: str, rank: int) -> bool:
     """Files one rank writes (and, on S3, uploads) itself: its DCP shards and its RNG states."""
     return name.startswith(f"__{rank}_") or name == rng_file_name(rank)
@@ -56,6 +74,7 @@ class CommitMarker:
     reason: Reason
     files: Mapping[str, int]  # file name -> size in bytes
     time: str
+    digests: Mapping[str, str] = field(default_factory=dict)  # file name -> SHA-256, hex
     position: Mapping[str, int] = field(default_factory=dict)  # data position, e.g. epoch/offset
     job_id: str = ""
     attempt: int = 0
@@ -67,7 +86,9 @@ class CommitMarker:
                 "world_size": self.world_size,
                 "torch_version": self.torch_version,
                 "reason": self.reason,
-                "files": [{"name": n, "size": s} for n, s in sorted(self.files.items())],
+                "files": [
+                    {"name": n, "size": s, "sha256": self.digests.get(n, "")} for n, s in sorted(self.files.items())
+                ],
                 "time": self.time,
                 "position": dict(self.position),
                 "job_id": self.job_id,
@@ -83,18 +104,23 @@ class CommitMarker:
             reason = raw["reason"]
             if reason not in REASONS:
                 raise ValueError(f"unknown reason {reason!r}")
+            entries = [(str(f["name"]), int(f["size"]), str(f.get("sha256", ""))) for f in raw["files"]]
+            strays = [name for name, _, _ in entries if not is_checkpoint_file(name)]
+            if strays:
+                raise ValueError(f"lists files a checkpoint never holds: {', '.join(map(repr, strays))}")
             return cls(
                 step=int(raw["step"]),
                 world_size=int(raw["world_size"]),
                 torch_version=str(raw["torch_version"]),
                 reason=reason,
-                files={str(f["name"]): int(f["size"]) for f in raw["files"]},
+                files={name: size for name, size, _ in entries},
                 time=str(raw["time"]),
+                digests={name: digest for name, _, digest in entries if digest},
                 position={str(k): int(v) for k, v in dict(raw.get("position", {})).items()},
                 job_id=str(raw.get("job_id", "")),
                 attempt=int(raw.get("attempt", 0)),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{COMMIT_FILE} is malformed: {exc}") from exc
 
 
@@ -107,6 +133,36 @@ def size_mismatches(marker: CommitMarker, actual: Mapping[str, int]) -> list[str
         elif actual[name] != size:
             problems.append(f"{name} has {actual[name]} bytes, expected {size}")
     return problems
+
+
+def provenance_problems(marker: CommitMarker, *, step: int, job_id: str) -> list[str]:
+    """Why a marker found in folder ``step`` does not vouch for a checkpoint of job ``job_id``
+    (empty list = it does; the files themselves are checked against it separately)."""
+    problems = []
+    if marker.job_id != job_id:
+        problems.append(f"its commit marker belongs to job {marker.job_id!r}, not {job_id!r}")
+    if marker.step != step:
+        problems.append(f"its commit marker is for step {marker.step}")
+    if DCP_METADATA_FILE not in marker.files:
+        problems.append(f"its commit marker does not list {DCP_METADATA_FILE}")
+    unsigned = [n for n in sorted(marker.files) if _SHA256.fullmatch(marker.digests.get(n, "")) is None]
+    if unsigned:
+        problems.append(f"its commit marker records no SHA-256 for {', '.join(unsigned)}")
+    return problems
+
+
+def unlisted_files(marker: CommitMarker, present: Iterable[str]) -> list[str]:
+    """Files in the folder (besides COMMIT.json) that the marker does not list: planted or stray."""
+    return [f"{name} is not listed in its commit marker" for name in sorted(set(present) - set(marker.files))]
+
+
+def digest_mismatches(marker: CommitMarker, actual: Mapping[str, str]) -> list[str]:
+    """Listed files whose SHA-256 (``actual``: name -> hex digest) differs from the marker's."""
+    return [
+        f"{name} does not match its SHA-256"
+        for name in sorted(marker.files)
+        if actual.get(name) != marker.digests.get(name)
+    ]
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
   ``get_state_dict``/``set_state_dict`` (an in-place ``dcp.load`` into a fresh optimizer's
   ``state_dict()`` silently drops Adam's moments), and the LR scheduler.
 - `ShardWriter` is DCP's FileSystemWriter with torch.save's per-record CRC32 switched off while it
-  writes (torch.load never checks it; it cost ~0.7 s per GB on one core).
+  writes (torch.load never checks it; it cost ~0.7 s per GB on one core) and a SHA-256 of every
+  file it writes computed on the way to disk (no second read; hashlib releases the GIL, so the
+  writer threads hash in parallel), for the commit marker.
 - `optimizer_owned` and `snapshot_mutables` decide what an asynchronous save may copy in the
   background (tensors only ``optimizer.step()`` changes) and what it must copy before returning.
 """
@@ -13,19 +15,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import io
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future as TorchFuture
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 
 class TrainingState(Stateful):
@@ -89,8 +97,79 @@ class _Crc32Off:
 _crc32_off = _Crc32Off()
 
 
+class _DigestingStream(io.RawIOBase):
+    """A file being written that hashes every byte on its way through."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self.sha256 = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: ReadableBuffer) -> int:
+        written: int = self._raw.write(data)
+        self.sha256.update(data)
+        return written
+
+    def tell(self) -> int:
+        position: int = self._raw.tell()
+        return position
+
+    def fileno(self) -> int:
+        number: int = self._raw.fileno()
+        return number
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        super().close()  # flushes first
+        self._raw.close()
+
+
+class _DigestingFileSystem(FileSystem):
+    """DCP's local file system that records the SHA-256 of every file written through it, by
+    name (a rename, as DCP does with ``.metadata.tmp``, carries the digest along)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        with super().create_stream(path, mode) as raw:
+            if "w" not in mode:
+                yield raw
+                return
+            stream = _DigestingStream(raw)
+            yield stream
+        with self._lock:
+            self.digests[Path(path).name] = stream.sha256.hexdigest()
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            digest = self.digests.pop(Path(path).name, None)
+            if digest is not None:
+                self.digests[Path(new_path).name] = digest
+
+
 class ShardWriter(FileSystemWriter):
-    """DCP's FileSystemWriter (one file per writer thread, one fsync per file) without CRC32."""
+    """DCP's FileSystemWriter (one file per writer thread, one fsync per file) without CRC32, that
+    knows the SHA-256 of every file it wrote (``digests``, by file name)."""
+
+    def __init__(self, path: str, *, thread_count: int) -> None:
+        super().__init__(path, thread_count=thread_count)
+        self._files = _DigestingFileSystem()
+        self.fs = self._files
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """File name -> SHA-256 of each file written so far; the caller may add files it wrote."""
+        return self._files.digests
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
         with _crc32_off():

@@ -3,10 +3,15 @@
 DCP always reads and writes a local folder; for S3 that folder is a staging copy. Each rank
 uploads the files it wrote itself, rank 0 uploads DCP's ``.metadata`` and finally ``COMMIT.json``,
 so on S3 as on disk the marker appears only after every other object of the step exists.
+
+`fetch` hands a step to DCP only once the local folder holds exactly the files its marker lists,
+each with the recorded size and SHA-256 (`verify_folder`): sizes first (a stat), digests after (a
+read of every byte, ~1 s per GB on one core).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -20,9 +25,11 @@ from gpujobs_trainer.layout import (
     COMMIT_FILE,
     CommitMarker,
     StepListing,
+    digest_mismatches,
     parse_step_dir,
     size_mismatches,
     step_dir_name,
+    unlisted_files,
 )
 
 log = logging.getLogger("gpujobs_trainer")
@@ -67,12 +74,35 @@ def local_sizes(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
 
 
-def write_durably(path: Path, text: str) -> None:
-    """Write and fsync ``path``: it is on disk before anything that lists it is committed."""
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def verify_folder(folder: Path, marker: CommitMarker, *, where: str) -> None:
+    """Raise CheckpointError unless ``folder`` holds exactly the files ``marker`` lists (besides
+    COMMIT.json), each with its recorded size and SHA-256."""
+    present = local_sizes(folder)
+    present.pop(COMMIT_FILE, None)
+    problems = size_mismatches(marker, present)
+    if problems:
+        raise CheckpointError(f"checkpoint {where} is incomplete: {'; '.join(problems)}")
+    problems = unlisted_files(marker, present) or digest_mismatches(
+        marker, {name: file_sha256(folder / name) for name in marker.files}
+    )
+    if problems:
+        raise CheckpointError(f"checkpoint {where} is not what its commit marker records: {'; '.join(problems)}")
+
+
+def write_durably(path: Path, text: str) -> str:
+    """Write and fsync ``path`` (it is on disk before anything that lists it is committed); return
+    the SHA-256 of what was written."""
+    data = text.encode("utf-8")
+    with open(path, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+    return hashlib.sha256(data).hexdigest()
 
 
 def fsync_dir(folder: Path) -> None:
@@ -139,9 +169,7 @@ class LocalStore:
 
     def fetch(self, step: int, marker: CommitMarker) -> Path:
         folder = self.staging_dir(step)
-        problems = size_mismatches(marker, local_sizes(folder))
-        if problems:
-            raise CheckpointError(f"checkpoint {folder} is incomplete: {'; '.join(problems)}")
+        verify_folder(folder, marker, where=str(folder))
         return folder
 
     def delete(self, step: int) -> None:
@@ -246,17 +274,34 @@ class S3Store:
         self._upload(local, self._key(marker.step, COMMIT_FILE))
 
     def fetch(self, step: int, marker: CommitMarker) -> Path:
-        """Make the step available locally, downloading only files that are absent or differ."""
+        """Make the step available locally, downloading only files whose local copy differs from
+        the marker; the local copy is a cache, so files the marker does not list are dropped."""
+        strays = unlisted_files(marker, self._object_names(step))
+        if strays:
+            raise CheckpointError(
+                f"checkpoint {self.step_uri(step)} is not what its commit marker records: {'; '.join(strays)}"
+            )
         folder = self.staging_dir(step)
         folder.mkdir(parents=True, exist_ok=True)
         have = local_sizes(folder)
+        for name in set(have) - set(marker.files) - {COMMIT_FILE}:
+            (folder / name).unlink()
         for name, size in marker.files.items():
-            if have.get(name) != size:
+            cached = have.get(name) == size and file_sha256(folder / name) == marker.digests.get(name)
+            if not cached:
                 self._client.download_file(self.bucket, self._key(step, name), str(folder / name))
-        problems = size_mismatches(marker, local_sizes(folder))
-        if problems:
-            raise CheckpointError(f"checkpoint {self.step_uri(step)} is incomplete: {'; '.join(problems)}")
+        verify_folder(folder, marker, where=self.step_uri(step))
         return folder
+
+    def _object_names(self, step: int) -> list[str]:
+        """Everything under the step's prefix except COMMIT.json, relative to it (a name with a
+        separator is an object no checkpoint holds)."""
+        base = self._key(step) + "/"
+        paginator = self._client.get_paginator("list_objects_v2")
+        names = []
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=base):
+            names += [obj["Key"][len(base) :] for obj in page.get("Contents", [])]
+        return [name for name in names if name != COMMIT_FILE]
 
     def delete(self, step: int) -> None:
         paginator = self._client.get_paginator("list_objects_v2")

@@ -25,6 +25,9 @@ JOB_TAG = "gpujobs:job-id"
 ATTEMPT_TAG = "gpujobs:attempt"
 """The attempt number, as decimal text."""
 TEAM_TAG = "gpujobs:team"
+"""On instances, and a session tag of the job role (its policy reads `aws:PrincipalTag/gpujobs:team`)."""
+SECRET_NAME_PREFIX = "gpujobs/"  # noqa: S105 (a name prefix, not a secret)
+"""Secrets a team's jobs may read: Secrets Manager `gpujobs/<team>/...`, SSM `/gpujobs/<team>/...` (docs/deploy.md)."""
 NAME_TAG = "Name"
 
 # ---- names of what the control plane creates -------------------------------------------------
@@ -40,6 +43,11 @@ def container_name(job_id: str, attempt: int) -> str:
 def placement_group_name(job_id: str, attempt: int) -> str:
     """The cluster placement group of a multi-node attempt (IAM allows `placement-group/gpujobs-*`)."""
     return f"gpujobs-{job_id}-a{attempt}"
+
+
+def job_security_group_name(stack: str, job_id: str) -> str:
+    """A job's own security group: its instances reach each other, and no other job's instances."""
+    return f"gpujobs-{stack}-{job_id}"
 
 
 def instance_display_name(job_name: str, attempt: int) -> str:
@@ -89,6 +97,7 @@ WORKLOAD_ENV = (
     "GPUJOBS_EVENT_BUS",
     "GPUJOBS_INSTANCE_ID",
     "GPUJOBS_RESUME_FROM_STEP",
+    "GPUJOBS_REPORT_KEY",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
 CHECKPOINT_COMMIT_FILE = "COMMIT.json"
@@ -120,6 +129,18 @@ JOB_EXITED = "Job Exited"
 
 REPORT_DETAIL_TYPES = (CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, JOB_EXITED)
 """What the reports function handles (from either source)."""
+
+# ---- authenticated reports (gpujobs.domain.report_auth explains the scheme) --------------------
+REPORT_SIGNATURE_SCHEME = "gpujobs-report-v1"
+"""The first element of every canonical form: a new scheme never verifies under an old one."""
+REPORT_SIGNED_FIELDS = {
+    CHECKPOINT_COMMITTED: ("job_id", "attempt", "step", "uri"),
+    TRAINING_HEARTBEAT: ("job_id", "attempt", "step"),
+    JOB_EXITED: ("job_id", "attempt", "exit_code", "instance_id", "node_rank"),
+}
+"""Per detail-type, the fields the control plane acts on: each is covered by the signature."""
+REPORT_PROOF_FIELDS = ("signed_at", "signature")
+"""What a signed report adds to its detail: Unix seconds when signed, and the HMAC-SHA256 in hex."""
 
 EC2_SOURCE = "aws.ec2"
 SPOT_INTERRUPTION_WARNING = "EC2 Spot Instance Interruption Warning"

@@ -62,10 +62,7 @@ class DynamoJobStore:
         except self._ddb.exceptions.ConditionalCheckFailedException:
             raise JobExistsError(job.job_id) from None
         except self._ddb.exceptions.ClientError as exc:
-            if _refused_for_size(exc):
-                raise self._refused(
-                    JobRecordTooLargeError(job.job_id, item_size(job_item(stored)), MAX_ITEM_BYTES)
-                ) from exc
+            self._raise_if_refused_for_size(exc, stored)
             raise
         return stored
 
@@ -101,10 +98,7 @@ class DynamoJobStore:
                 raise ConcurrentUpdateError(job.job_id, job.version) from None
             raise
         except self._ddb.exceptions.ClientError as exc:
-            if _refused_for_size(exc):
-                raise self._refused(
-                    JobRecordTooLargeError(job.job_id, item_size(job_item(stored)), MAX_ITEM_BYTES)
-                ) from exc
+            self._raise_if_refused_for_size(exc, stored)
             raise
         return stored
 
@@ -152,6 +146,13 @@ class DynamoJobStore:
             return sized_job_item(job)
         except JobRecordTooLargeError as exc:
             raise self._refused(exc) from None
+
+    def _raise_if_refused_for_size(self, exc: Any, stored: Job) -> None:
+        """DynamoDB itself refused the item for its size: the same typed error as our own check."""
+        if _refused_for_size(exc):
+            raise self._refused(
+                JobRecordTooLargeError(stored.job_id, item_size(job_item(stored)), MAX_ITEM_BYTES)
+            ) from exc
 
     def _refused(self, error: JobRecordTooLargeError) -> JobRecordTooLargeError:
         """Tell the observer (the handlers' metrics), then hand the error back to be raised."""

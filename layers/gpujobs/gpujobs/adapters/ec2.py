@@ -18,11 +18,21 @@ from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import ClientError
 
-from gpujobs.contract import ATTEMPT_TAG, JOB_TAG, LIVE_STATES, NAME_TAG, STACK_TAG, TEAM_TAG, instance_display_name
+from gpujobs.contract import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    LIVE_STATES,
+    NAME_TAG,
+    STACK_TAG,
+    TEAM_TAG,
+    instance_display_name,
+    job_security_group_name,
+)
 from gpujobs.domain.job import Market
 from gpujobs.domain.ladder import ErrorKind, classify_launch_error
 from gpujobs.service.ports import (
     CapacityError,
+    JobSecurityGroup,
     LaunchedInstance,
     LaunchRejectedError,
     LaunchRequest,
@@ -86,7 +96,7 @@ class Ec2Compute:
                 {
                     "DeviceIndex": 0,
                     "SubnetId": request.subnet.subnet_id,
-                    "Groups": [self._security_group_id],
+                    "Groups": [self._security_group_id, *filter(None, [request.security_group_id])],
                     "AssociatePublicIpAddress": False,
                     "DeleteOnTermination": True,
                 }
@@ -199,6 +209,66 @@ class Ec2Compute:
                         )
                     )
         return found
+
+    # ---- a security group per job ---------------------------------------------------------------
+    # Instances carry the stack's group (egress, no ingress) and their job's own group, whose one
+    # ingress rule admits members of that group only: a gang's rendezvous, NCCL and gloo ports are
+    # reachable from its own nodes and from no other job's. Created before the first launch (by
+    # name, so a retried launch finds it), deleted by the reconciler once the job is over and its
+    # instances are gone (EC2 refuses to delete a group an interface still uses).
+    @functools.cached_property
+    def _vpc_id(self) -> str:
+        (group,) = self._ec2.describe_security_groups(GroupIds=[self._security_group_id])["SecurityGroups"]
+        return group["VpcId"]
+
+    def job_security_group(self, job_id: str) -> str:
+        name = job_security_group_name(self._stack, job_id)
+        tags: list[TagTypeDef] = [{"Key": STACK_TAG, "Value": self._stack}, {"Key": JOB_TAG, "Value": job_id}]
+        try:
+            group_id = self._ec2.create_security_group(
+                GroupName=name,
+                Description=f"gpujobs job {job_id}: its own instances only",
+                VpcId=self._vpc_id,
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
+            )["GroupId"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidGroup.Duplicate":
+                raise
+            filters: list[FilterTypeDef] = [
+                {"Name": "group-name", "Values": [name]},
+                {"Name": "vpc-id", "Values": [self._vpc_id]},
+            ]
+            (group,) = self._ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+            group_id = group["GroupId"]
+        try:  # again after a duplicate: the launch that created the group may have died before this
+            self._ec2.authorize_security_group_ingress(
+                GroupId=group_id, IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidPermission.Duplicate":
+                raise
+        return group_id
+
+    def job_security_groups(self) -> list[JobSecurityGroup]:
+        filters: list[FilterTypeDef] = [{"Name": f"tag:{STACK_TAG}", "Values": [self._stack]}]
+        found: list[JobSecurityGroup] = []
+        for page in self._ec2.get_paginator("describe_security_groups").paginate(Filters=filters):
+            for group in page["SecurityGroups"]:
+                tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+                if JOB_TAG in tags:
+                    found.append(JobSecurityGroup(group_id=group["GroupId"], job_id=tags[JOB_TAG]))
+        return found
+
+    def delete_security_group(self, group_id: str) -> bool:
+        try:
+            self._ec2.delete_security_group(GroupId=group_id)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "DependencyViolation":
+                return False
+            if code != "InvalidGroup.NotFound":
+                raise
+        return True
 
 
 def _launched(instance: InstanceTypeDef) -> LaunchedInstance:

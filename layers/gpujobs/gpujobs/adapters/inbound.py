@@ -11,6 +11,7 @@ becomes the domain's `CostAnomaly` before any decision reads it.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -18,7 +19,17 @@ from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
 from gpujobs.domain.cost_anomaly import CostAnomaly
+from gpujobs.domain.reports import (
+    INSTANCE_ID,
+    JOB_ID,
+    CheckpointReport,
+    ExitReport,
+    HeartbeatReport,
+    Report,
+    SignedReport,
+)
 
 
 class _Detail(BaseModel):
@@ -44,27 +55,65 @@ class StateChange(_Detail):
     state: str
 
 
-class CheckpointCommitted(_Detail):
-    job_id: str
-    attempt: int
+JOB_ID_PATTERN = f"^{JOB_ID.pattern}$"
+INSTANCE_ID_PATTERN = f"^{INSTANCE_ID.pattern}$"
+
+
+class _Report(_Detail):
+    """A report's ids (a malformed one fails validation: ignored and counted, never looked up) and
+    its proof (`domain.report_auth`), absent on an unsigned report."""
+
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    attempt: int = Field(ge=1)
+    signed_at: int | None = None
+    signature: str | None = Field(default=None, max_length=128)
+
+    @abstractmethod
+    def report(self) -> Report:
+        """The report as the control plane acts on it."""
+
+    def signed(self) -> SignedReport:
+        return SignedReport(self.report(), signed_at=self.signed_at, signature=self.signature)
+
+
+class CheckpointCommitted(_Report):
     step: int = Field(ge=0)
     uri: str
     reason: str = ""
 
+    def report(self) -> Report:
+        return CheckpointReport(job_id=self.job_id, attempt=self.attempt, step=self.step, uri=self.uri)
 
-class Heartbeat(_Detail):
-    job_id: str
-    attempt: int
+
+class Heartbeat(_Report):
     step: int = Field(ge=0)
 
+    def report(self) -> Report:
+        return HeartbeatReport(job_id=self.job_id, attempt=self.attempt, step=self.step)
 
-class JobExited(_Detail):
-    job_id: str
-    attempt: int
+
+class JobExited(_Report):
     exit_code: int
     node_rank: int | None = None
-    instance_id: str | None = None
+    instance_id: str | None = Field(default=None, pattern=INSTANCE_ID_PATTERN)
     reason: str = ""
+
+    def report(self) -> Report:
+        return ExitReport(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            exit_code=self.exit_code,
+            instance_id=self.instance_id,
+            node_rank=self.node_rank,
+        )
+
+
+REPORT_MODELS: dict[str, type[_Report]] = {
+    CHECKPOINT_COMMITTED: CheckpointCommitted,
+    TRAINING_HEARTBEAT: Heartbeat,
+    JOB_EXITED: JobExited,
+}
+"""The detail model of each report the reports function handles."""
 
 
 class _Metric(_Detail):

@@ -23,6 +23,7 @@ from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
+from gpujobs.domain.report_auth import report_key
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
@@ -30,6 +31,7 @@ from gpujobs.service.ports import (
     ConcurrentUpdateError,
     JobExistsError,
     JobNotFoundError,
+    JobSecurityGroup,
     LaunchedInstance,
     LaunchRequest,
     LaunchTokenMismatchError,
@@ -154,6 +156,8 @@ class FakeCompute:
     placement_group_limit: int = 500
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _by_token: dict[str, tuple[LaunchRequest, list[str]]] = field(default_factory=dict)
+    security_groups: dict[str, str] = field(default_factory=dict)
+    """Job security group id -> job id."""
 
     def subnets(self) -> Sequence[Subnet]:
         return self.subnet_list
@@ -226,6 +230,20 @@ class FakeCompute:
         self.placement_groups.pop(name, None)
         return True
 
+    def job_security_group(self, job_id: str) -> str:
+        group_id = next((g for g, j in self.security_groups.items() if j == job_id), f"sg-{job_id.removeprefix('j-')}")
+        self.security_groups[group_id] = job_id
+        return group_id
+
+    def job_security_groups(self) -> list[JobSecurityGroup]:
+        return [JobSecurityGroup(group_id=g, job_id=j) for g, j in self.security_groups.items()]
+
+    def delete_security_group(self, group_id: str) -> bool:
+        if any(f.request.security_group_id == group_id and f.state != "terminated" for f in self.instances.values()):
+            return False  # EC2: DependencyViolation
+        self.security_groups.pop(group_id, None)
+        return True
+
     def live(self) -> list[FakeInstance]:
         return [f for f in self.instances.values() if f.state == "running"]
 
@@ -261,6 +279,16 @@ class FixedClock:
 
     def advance(self, **kwargs: float) -> None:
         self.current += timedelta(**kwargs)
+
+
+@dataclass(frozen=True)
+class FixedReportKeys:
+    """Report keys under a fixed stack secret (what the instances of a test hold, too)."""
+
+    secret: bytes = b"a stack secret for tests"
+
+    def key_for(self, *, job_id: str, attempt: int) -> bytes:
+        return report_key(self.secret, job_id=job_id, attempt=attempt)
 
 
 @dataclass

@@ -102,6 +102,9 @@ class Outcome(StrEnum):
     NOT_A_BUDGET_ALERT = "ignored: not a budget notification we understand"
     NOT_THIS_STACK = "ignored: not one of this stack's budgets"
     BELOW_THRESHOLD = "ignored: anomaly below the threshold"
+    UNPROVEN_REPORT = "ignored: the report's proof is missing, wrong or stale"
+    MALFORMED = "ignored: malformed event or id"
+    OTHER_STACK = "ignored: another stack's resource"
 
     @property
     def ignored(self) -> bool:
@@ -124,6 +127,9 @@ IGNORED = frozenset(
         Outcome.NOT_A_BUDGET_ALERT,
         Outcome.NOT_THIS_STACK,
         Outcome.BELOW_THRESHOLD,
+        Outcome.UNPROVEN_REPORT,
+        Outcome.MALFORMED,
+        Outcome.OTHER_STACK,
     }
 )
 

@@ -8,6 +8,8 @@ field is ever spliced into a shell command.
 
 from __future__ import annotations
 
+import hashlib
+
 from pydantic import BaseModel, ConfigDict, Field
 
 RUN_DOCUMENT_VERSION = 1
@@ -41,11 +43,35 @@ class RunDocument(BaseModel):
     the bootstrap waits (bounded) until that attempt's instances are gone or its last checkpoint is
     committed, so the trainer resumes from that checkpoint rather than an older one.
     """
+    report_key: str = Field(default="", repr=False)
+    """This attempt's report key, in hex (`domain.report_auth`): the instance signs its reports with it.
+    Kept out of reprs; when the document is offloaded, the S3 copy holds "" and the pointer the key."""
+    job_role_arn: str = ""
+    """The stack's job role: the bootstrap assumes it for this attempt and serves it to the container."""
+    session_policy: str = ""
+    """The inline session policy of that role for this attempt (`gpujobs.domain.job_access`), as JSON."""
+    session_tags: dict[str, str] = Field(default_factory=dict)
+    """Session tags (job id, team, attempt): the role's own policy is written against them."""
+    secrets: dict[str, str] = Field(default_factory=dict)
+    """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
 
 
 class RunDocumentPointer(BaseModel):
-    """What user data holds instead of the document when the document is too large for it."""
+    """What user data holds instead of the document when the document is too large for it.
+
+    The digest travels in user data, which only the launcher writes, so a document swapped in S3
+    after launch is refused by the bootstrap rather than run.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_document_uri: str
+    run_document_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex SHA-256 of the exact bytes stored at `run_document_uri`."""
+    report_key: str = Field(default="", repr=False)
+    """The attempt's report key: in user data only, never in the S3 object."""
+
+    @classmethod
+    def for_stored(cls, uri: str, body: bytes, *, report_key: str = "") -> RunDocumentPointer:
+        """The pointer to `body`, stored at `uri` (the report key travels beside it, never in S3)."""
+        return cls(run_document_uri=uri, run_document_sha256=hashlib.sha256(body).hexdigest(), report_key=report_key)

@@ -32,8 +32,10 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
+from gpujobs.contract import SECRET_NAME_PREFIX
 from gpujobs.domain import documents
 from gpujobs.domain.credentials import credential_kind
 
@@ -58,6 +60,11 @@ IMAGE_PATTERN = (
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"
+REFERENCE_PATTERN = (
+    r"^(?:arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:(?P<secret>[A-Za-z0-9/_+=.@-]+)"
+    r"|ssm:/(?P<parameter>[A-Za-z0-9/_.-]+))$"
+)
+"""A secret is a reference, never a value: a Secrets Manager ARN or `ssm:/<parameter name>`."""
 
 StrictInt = Annotated[int, Strict()]
 StrictNumber = Annotated[float, Strict(), AllowInfNan(allow_inf_nan=False)]
@@ -102,6 +109,17 @@ class IdlePolicy(BaseModel):
     action: IdleAction = IdleAction.STOP
 
 
+def _name_problems(names: Iterable[str]) -> list[str]:
+    """What is wrong with environment variable names (the spec's `env` and `secrets` alike)."""
+    names = list(names)
+    bad = [f"{k[:64]!r} must match {ENV_NAME_PATTERN}" for k in names if not re.fullmatch(ENV_NAME_PATTERN, k)]
+    return bad + [
+        f"{k!r} is reserved (AWS_*, GPUJOBS_*, DOCKER_* and LD_* are set by gpujobs or change the runtime)"
+        for k in names
+        if k.startswith(RESERVED_ENV_PREFIXES)
+    ]
+
+
 class JobSpec(BaseModel):
     """A training job as submitted. See docs/job-spec.md for the reference."""
 
@@ -131,16 +149,19 @@ class JobSpec(BaseModel):
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
     team: Team = "default"
     client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)
+    secrets: dict[str, Annotated[str, StringConstraints(max_length=2048)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description=(
+            "environment name -> secret reference (arn:aws:secretsmanager:... or ssm:/path) under the team's "
+            "prefix gpujobs/<team>/; resolved on the instance, never stored as a value"
+        ),
+    )
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        bad = [f"{k[:64]!r} must match {ENV_NAME_PATTERN}" for k in env if not re.fullmatch(ENV_NAME_PATTERN, k)]
-        bad += [
-            f"{k!r} is reserved (AWS_*, GPUJOBS_*, DOCKER_* and LD_* are set by gpujobs or change the runtime)"
-            for k in env
-            if k.startswith(RESERVED_ENV_PREFIXES)
-        ]
+        bad = _name_problems(env)
         bad += [
             f"{k!r} looks like {kind}: pass credentials with the spec's `secrets:` field, never in env"
             for k, v in env.items()
@@ -149,6 +170,35 @@ class JobSpec(BaseModel):
         if bad:
             raise ValueError("; ".join(bad))
         return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, secrets: dict[str, str]) -> dict[str, str]:
+        """Names follow the env rules; the values (references) are checked with the team below."""
+        bad = _name_problems(secrets)
+        if bad:
+            raise ValueError("; ".join(bad))
+        return secrets
+
+    @model_validator(mode="after")
+    def _secrets_are_the_teams_references(self) -> JobSpec:
+        """Each secret is a reference under the team's prefix, and names no variable `env` also sets."""
+        bad = [f"{k!r} is also set in env" for k in self.secrets if k in self.env]
+        for name, ref in self.secrets.items():
+            found = re.fullmatch(REFERENCE_PATTERN, ref)
+            if found is None:
+                bad.append(
+                    f"{name}: must be a reference, arn:aws:secretsmanager:<region>:<account>:secret:... or ssm:/path"
+                )
+                continue
+            path = found["secret"] or found["parameter"]
+            if not path.startswith(f"{SECRET_NAME_PREFIX}{self.team}/"):
+                bad.append(
+                    f"{name}: team {self.team!r} may read only secrets named {SECRET_NAME_PREFIX}{self.team}/..."
+                )
+        if bad:
+            raise ValueError("secrets: " + "; ".join(bad))
+        return self
 
     @field_validator("instance_types")
     @classmethod

@@ -90,6 +90,11 @@ class TeamDirectory:
             return [f"team: sender {sender or '(unknown)'!r} may not act for team {spec.team!r}"]
         return policy.problems_with(spec)
 
+    def data_buckets(self, team: str) -> tuple[str, ...]:
+        """The buckets the team's jobs may read training data from (none without a configuration)."""
+        policy = self.teams.get(team)
+        return policy.data_buckets if policy is not None else ()
+
     def may_act_for(self, team: str, sender: str | None) -> bool:
         if not self.configured:
             return True

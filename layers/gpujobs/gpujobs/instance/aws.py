@@ -14,7 +14,15 @@ Clients = Callable[[str], Any]
 """AWS service name -> boto3 client, in the region the job runs in."""
 
 
-def client(service: str, region: str) -> Any:
+def client(service: str, region: str, *, credentials: dict[str, Any] | None = None) -> Any:
+    """A client with the instance's own credentials, or with `credentials` (an STS `Credentials`)."""
     import boto3
 
-    return boto3.client(service, region_name=region)  # type: ignore[call-overload]  # the name is a plain str here
+    keys = {}
+    if credentials is not None:
+        keys = {
+            "aws_access_key_id": credentials["AccessKeyId"],
+            "aws_secret_access_key": credentials["SecretAccessKey"],
+            "aws_session_token": credentials["SessionToken"],
+        }
+    return boto3.client(service, region_name=region, **keys)  # type: ignore[call-overload]  # the name is a plain str here

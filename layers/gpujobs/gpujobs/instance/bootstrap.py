@@ -6,10 +6,11 @@ Every child process starts from an argv list, never a shell, and env values reac
 through its environment (`-e NAME`), never argv. So no job field is ever parsed by a shell or shown
 by `ps`.
 
-Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer) -> instance facts (IMDS) ->
-rendezvous (rank 0's private IP is the master) -> image pull -> for a replacement, wait (bounded) for the
-interrupted attempt to end -> workload (runtime `docker` or `process`; SIGTERM/SIGINT are forwarded) ->
-"Job Exited" on the event bus -> `shutdown -h now`.
+Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer checked against its SHA-256)
+-> instance facts (IMDS) -> rendezvous (rank 0's private IP is the master) -> the job role, assumed for
+this attempt and served on loopback (IMDS blocked for the container) -> image pull -> for a replacement,
+wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> workload (runtime
+`docker` or `process`; SIGTERM/SIGINT are forwarded) -> "Job Exited" on the event bus -> `shutdown -h now`.
 Needs only Python 3.9+ and boto3 (a bare AMI). See docs/instance.md.
 """
 
@@ -21,18 +22,23 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from gpujobs.instance import aws
-from gpujobs.instance.contract import EXIT_BOOTSTRAP_FAILED
+from gpujobs.instance.contract import EXIT_BOOTSTRAP_FAILED, WORKLOAD_UID
+from gpujobs.instance.credentials import JobCredentials
 from gpujobs.instance.errors import StoppedError
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
+from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
+from gpujobs.instance.job_secrets import resolve_secrets
 from gpujobs.instance.log import log
 from gpujobs.instance.rendezvous import rendezvous
 from gpujobs.instance.report import exit_detail, publish_exit
 from gpujobs.instance.rundoc import load_document
 from gpujobs.instance.runtimes import DockerRuntime, ProcessRuntime, Runtime
+from gpujobs.instance.signing import signed_exit
 from gpujobs.instance.workload_env import container_env
 
 
@@ -125,10 +131,23 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
     if args.master_port is not None:
         doc = {**doc, "master_port": args.master_port}
     runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
+    job_clients: aws.Clients = clients
+    agent_env: dict[str, str] = {}
+    private: dict[str, str] = {}
+    if doc["job_role_arn"]:
+        job = JobCredentials(clients("sts"), doc)
+        job_clients = job.clients(state["region"])
+        agent = HostAgent(job, imds).start()
+        agent_env, private = agent.workload_env()
+        if isinstance(runtime, DockerRuntime):
+            runtime.block_imds(WORKLOAD_UID)
+        log(f"the workload gets the job role's credentials from {agent.endpoint}")
+    else:
+        log("the document names no job role: the workload runs with this instance's credentials")
     runtime.prepare(doc, clients)
     if doc["wait_for_attempt"] is not None:
         previous = doc["wait_for_attempt"]
-        s3 = clients("s3")
+        s3 = job_clients("s3")
         log(f"waiting up to {args.wait_timeout:.0f}s for attempt {previous} to end")
         ended = wait_for_attempt(
             clients("ec2"),
@@ -140,10 +159,12 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
             ),
         )
         log(ended)
+    private.update(resolve_secrets(doc["secrets"], job_clients))
     env = container_env(doc, rank=rank, master_addr=master, instance_id=facts["instance_id"], region=state["region"])
+    env.update(agent_env)
     log(f"starting the workload as node {rank} of {doc['nodes']}, master {master}")
     stopper.timeout, stopper.starting = doc["stop_timeout_seconds"], True
-    runtime.start(doc, env)
+    runtime.start(doc, env, private)
     stopper.runtime = runtime
     if stopper.signum:  # arrived while starting
         runtime.stop(stopper.signum, stopper.timeout)
@@ -178,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         message=message,
     )
     if bus and state.get("region"):
+        detail = signed_exit(detail, doc.get("report_key"), now=time.time())
         publish_exit(lambda: aws.client("events", state["region"]), bus=str(bus), detail=detail)
     else:
         log("no event bus or region known: the exit is not published")

@@ -13,11 +13,19 @@ TAG_JOB_ID = "gpujobs:job-id"
 """Instance tag the launcher sets: the job an instance runs."""
 TAG_ATTEMPT = "gpujobs:attempt"
 """Instance tag the launcher sets: the attempt number, in decimal."""
+WORKLOAD_UID = 10001
+"""The uid the container runs as (the training image's USER): the uid whose IMDS traffic is refused."""
 
 EVENT_SOURCE = "gpujobs.instance"
 """Source of the exit event the bootstrap publishes."""
 EVENT_DETAIL_TYPE = "Job Exited"
 """Detail-type of that exit event (the trainer publishes the same one from its own source)."""
+EXIT_SIGNED_FIELDS = ("job_id", "attempt", "exit_code", "instance_id", "node_rank")
+"""The exit report's fields the control plane acts on: its signature covers them (signing.py)."""
+REPORT_SIGNATURE_SCHEME = "gpujobs-report-v1"
+"""The first element of the canonical form a report's signature covers."""
+REPORT_KEY_ENV = "GPUJOBS_REPORT_KEY"
+"""The workload's variable holding its attempt's report key, so the trainer signs its reports too."""
 EXIT_BOOTSTRAP_FAILED = 127
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email
 import gzip
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -37,6 +38,11 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "master_port": (int, 29500),
     "stop_timeout_seconds": (int, 120),
     "wait_for_attempt": (int, None),
+    "report_key": (str, ""),
+    "job_role_arn": (str, ""),
+    "session_policy": (str, ""),
+    "session_tags": (dict, {}),
+    "secrets": (dict, {}),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -60,9 +66,13 @@ def extract_run_json(raw: bytes) -> dict[str, Any]:
     return data
 
 
+POINTER_FIELDS = ("run_document_uri", "run_document_sha256", "report_key")
+"""Mirrors `gpujobs.domain.rundoc.RunDocumentPointer`; the first two are required."""
+
+
 def is_pointer(data: dict[str, Any]) -> bool:
     """Whether `data` is a RunDocumentPointer (the document itself was too large for user data)."""
-    return set(data) == {"run_document_uri"}
+    return "run_document_uri" in data
 
 
 def check_document(data: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +94,11 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError(f"run document version {doc['version']} is not supported")
     if not doc["command"] or not all(isinstance(a, str) for a in doc["command"]):
         raise BootstrapError("command must be a non-empty list of strings")
-    for key, value in doc["env"].items():
+    for key, value in {**doc["env"], **doc["secrets"]}.items():
         if not _ENV_NAME.match(key) or key.startswith("DOCKER_") or not isinstance(value, str):
             raise BootstrapError(f"env name {key!r} is not allowed or its value is not a string")
+    if set(doc["env"]) & set(doc["secrets"]) or (doc["secrets"] and not doc["job_role_arn"]):
+        raise BootstrapError("secrets must not repeat env names, and are read only with a job role")
     if not doc["image"] or doc["image"].startswith("-") or any(c.isspace() for c in doc["image"]):
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
     if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
@@ -98,10 +110,28 @@ def load_document(raw: bytes, s3: Callable[[], Any], partial: dict[str, Any]) ->
     """The run document from user data, following an S3 pointer; `partial` keeps what was readable."""
     data = extract_run_json(raw)
     if is_pointer(data):
-        uri = str(data["run_document_uri"])
-        bucket, _, key = uri.removeprefix("s3://").partition("/")
-        if not uri.startswith("s3://") or not key:
-            raise BootstrapError(f"run_document_uri {uri!r} is not s3://bucket/key")
-        data = extract_run_json(s3().get_object(Bucket=bucket, Key=key)["Body"].read())
+        # The attempt's report key travels beside the pointer, in user data only, never in S3.
+        data = {**extract_run_json(_fetch_verified(data, s3)), "report_key": data.get("report_key", "")}
     partial["raw"] = data
     return check_document(data)
+
+
+def _fetch_verified(pointer: dict[str, Any], s3: Callable[[], Any]) -> bytes:
+    """The bytes the pointer names, refused unless their SHA-256 is the one user data carries.
+
+    Only the launcher writes user data; the S3 object could have been replaced after launch, so
+    the digest, not the object, is what the bootstrap trusts.
+    """
+    if not set(POINTER_FIELDS[:2]) <= set(pointer) <= set(POINTER_FIELDS):
+        raise BootstrapError(
+            f"run document pointer must have {list(POINTER_FIELDS[:2])}, at most {list(POINTER_FIELDS)}"
+        )
+    uri, expected = str(pointer["run_document_uri"]), str(pointer["run_document_sha256"])
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not key:
+        raise BootstrapError(f"run_document_uri {uri!r} is not s3://bucket/key")
+    body: bytes = s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+    actual = hashlib.sha256(body).hexdigest()
+    if actual != expected:
+        raise BootstrapError(f"run document at {uri} has SHA-256 {actual}, user data expects {expected}: refused")
+    return body

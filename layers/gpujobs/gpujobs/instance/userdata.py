@@ -23,7 +23,9 @@ from __future__ import annotations
 import ast
 import functools
 import gzip
+import io
 import json
+import tokenize
 from pathlib import Path
 
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -82,11 +84,14 @@ class UserDataError(ValueError):
 
 
 def without_docstrings(source: str) -> str:
-    """`source` with every docstring (any statement that is only a string) replaced by `""`.
+    """`source` with every docstring (any statement that is only a string) replaced by `""`, and no comments.
 
     Lines are blanked, never removed, so a traceback on the instance points at the repository's line.
     """
     lines = source.splitlines(keepends=True)
+    comments = [t.start for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    for row, col in comments:  # a comment runs to the end of its line
+        lines[row - 1] = lines[row - 1][:col].rstrip() + "\n"
     docstrings = [
         node
         for node in ast.walk(ast.parse(source))
@@ -129,8 +134,14 @@ def _part(content_type: str, filename: str, body: str) -> str:
 
 
 def render_mime(doc: RunDocument | RunDocumentPointer) -> str:
-    """The uncompressed MIME multipart user data (ASCII)."""
-    payload = json.dumps(doc.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+    """The uncompressed MIME multipart user data (ASCII).
+
+    Fields at their defaults are left out (the bootstrap fills the same defaults), so a job pays in
+    user data only for the features it uses.
+    """
+    payload = json.dumps(
+        doc.model_dump(mode="json", exclude_defaults=True), ensure_ascii=True, separators=(",", ":"), sort_keys=True
+    )
     return (
         f'Content-Type: multipart/mixed; boundary="{_BOUNDARY}"\nMIME-Version: 1.0\n\n'
         + _part("text/x-shellscript", "gpujobs-bootstrap.sh", bootstrap_script())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpujobs.instance.contract import REPORT_KEY_ENV
+
 
 def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str) -> dict[str, str]:
     """The spec's env plus the GPUJOBS_* contract (which wins on a name clash)."""
@@ -30,6 +32,8 @@ def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_
             "AWS_DEFAULT_REGION": region,
         }
     )
+    if doc["report_key"]:  # the trainer signs its reports with it (gpujobs.domain.report_auth)
+        env[REPORT_KEY_ENV] = doc["report_key"]
     if doc["resume_from_step"] is not None:
         env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
     return env

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import boto3
 from botocore.config import Config
@@ -24,6 +24,7 @@ from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
 from gpujobs.adapters.prices import packaged_on_demand_prices
 from gpujobs.adapters.s3 import S3BlobStore
+from gpujobs.adapters.secrets import SecretsClient, StackSecretReportKeys
 from gpujobs.adapters.teams import SsmTeamConfig
 from gpujobs.runtime.settings import Need, Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from gpujobs.service.budgeting import BudgetReactions
     from gpujobs.service.reactions import Reactions
     from gpujobs.service.reconcile import Reconciler
+    from gpujobs.service.reports import Reports
 
     AwsService = Literal["budgets", "cloudwatch", "dynamodb", "ec2", "events", "s3", "ssm", "sts"]
 
@@ -105,14 +107,22 @@ def build_job_service(settings: Settings) -> JobService:
             region=settings.region,
             allowed_instance_types=settings.allowed_instance_types,
             priced_instance_types=frozenset(packaged_on_demand_prices()),
+            job_role_arn=settings.job_role_arn,
         ),
         render_user_data=render_user_data_lazily,
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),
         alarms=CloudWatchIdleAlarms(client=client("cloudwatch", settings), stack_name=settings.stack_name),
+        report_keys=report_keys(settings),
         teams=SsmTeamConfig(client=client("ssm", settings), parameter_name=settings.teams_parameter)
         if settings.teams_parameter
         else None,
     )
+
+
+def report_keys(settings: Settings) -> StackSecretReportKeys:
+    """Read lazily: only a launch or a report verification reads the secret (and may, by IAM)."""
+    secrets = cast("SecretsClient", boto3.client("secretsmanager", region_name=settings.region, config=_CONFIG))
+    return StackSecretReportKeys(client=secrets, secret_id=settings.report_secret_arn)
 
 
 @functools.cache
@@ -145,6 +155,13 @@ def reactions() -> Reactions:
 
 
 @functools.cache
+def reports() -> Reports:
+    from gpujobs.service.reports import Reports
+
+    return Reports(reactions=reactions(), keys=job_service().report_keys)
+
+
+@functools.cache
 def reconciler() -> Reconciler:
     from gpujobs.adapters.budgets import BudgetsApiCheck
     from gpujobs.adapters.prices import Ec2Prices
@@ -169,5 +186,5 @@ def budget_reactions() -> BudgetReactions:
 
 def reset() -> None:
     """Forget every wired service (a fresh Lambda container); tests and the local cloud use it."""
-    for cached in (settings, job_service, reactions, reconciler, budget_reactions):
+    for cached in (settings, job_service, reactions, reports, reconciler, budget_reactions):
         cached.cache_clear()

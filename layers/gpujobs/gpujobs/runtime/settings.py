@@ -27,8 +27,9 @@ class Need(Enum):
 
     ADMIT = ("ALLOWED_INSTANCE_TYPES",)
     """Admits job specs: without the allow-list any instance type would be accepted."""
-    LAUNCH = ("LAUNCH_TEMPLATE_ID", "SECURITY_GROUP_ID", "SUBNET_IDS", "CHECKPOINT_BUCKET")
-    """Launches instances: the template, network and the bucket the run document and checkpoints go to."""
+    LAUNCH = ("LAUNCH_TEMPLATE_ID", "SECURITY_GROUP_ID", "SUBNET_IDS", "CHECKPOINT_BUCKET", "REPORT_SECRET_ARN")
+    """Launches instances: the template, network, the bucket the run document and checkpoints go to,
+    and the secret each attempt's report key is derived from (also what verifies reports)."""
     SIGNAL = ("CHECKPOINT_DOCUMENT",)
     """Asks training containers to checkpoint now, through the stack's SSM document."""
 
@@ -52,6 +53,9 @@ class Settings:
     checkpoint_document: str = ""
     teams_parameter: str = ""
     """SSM parameter holding the team configuration; empty: none (single-tenant, see domain.teams)."""
+    report_secret_arn: str = ""
+    job_role_arn: str = ""
+    """The role the instances assume for each job's container (template.yaml `JobRole`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -74,4 +78,6 @@ class Settings:
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             checkpoint_document=env.get("CHECKPOINT_DOCUMENT", ""),
             teams_parameter=env.get("TEAMS_PARAMETER", "").strip(),
+            report_secret_arn=env.get("REPORT_SECRET_ARN", ""),
+            job_role_arn=env.get("JOB_ROLE_ARN", ""),
         )

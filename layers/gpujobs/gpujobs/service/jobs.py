@@ -20,14 +20,16 @@ import logging
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
+from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.launching import LAUNCH_LEASE, Gang, cancel, claim_launch, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -50,6 +52,7 @@ from gpujobs.service.ports import (
     LaunchRejectedError,
     LaunchRequest,
     LaunchTokenMismatchError,
+    ReportKeys,
     Signaller,
     TeamConfigSource,
 )
@@ -76,6 +79,8 @@ class LaunchConfig:
     allowed_instance_types: tuple[str, ...] = ()
     priced_instance_types: frozenset[str] | None = None
     """Types with a known price; a spec with `max_cost_usd` over any other type is refused."""
+    job_role_arn: str = ""
+    """Named in every run document: the role the bootstrap assumes for the container (none: the instance's)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class JobService:
     render_user_data: UserDataRenderer
     budgets: BudgetBook
     alarms: IdleAlarms
+    report_keys: ReportKeys
+    """Each launch hands its attempt a report key in user data (domain.report_auth)."""
     teams: TeamConfigSource | None = None
     """Who may act for which team; None: no team configuration (single-tenant, see domain.teams)."""
     jitter: Callable[[], float] = field(default=random.random)
@@ -231,9 +238,10 @@ class JobService:
             spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
         )
         user_data = self._user_data(job, attempt)
+        security_group = self.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
         for rung in ladder:
-            request = self._request(job, attempt, rung, user_data)
+            request = replace(self._request(job, attempt, rung, user_data), security_group_id=security_group)
             try:
                 launched = self.compute.run_instances(request)
             except CapacityError as exc:
@@ -296,13 +304,33 @@ class JobService:
             event_bus=self.config.event_bus_name,
             region=self.config.region,
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
+            report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
+            secrets=dict(spec.secrets),
+            **self._job_access(job, attempt),
         )
         try:
             return self.render_user_data(doc)
         except ValueError:  # UserDataTooLargeError: the document goes to S3, user data points at it
             key = f"jobs/{job.job_id}/attempt-{attempt.number}/run.json"
-            uri = self.blobs.put_text(key, doc.model_dump_json())
-            return self.render_user_data(RunDocumentPointer(run_document_uri=uri))
+            body = doc.model_dump_json(exclude={"report_key"})
+            uri = self.blobs.put_text(key, body)
+            return self.render_user_data(RunDocumentPointer.for_stored(uri, body.encode(), report_key=doc.report_key))
+
+    def _job_access(self, job: Job, attempt: Attempt) -> dict[str, Any]:
+        """The run document's job role, session policy and tags; none when the stack has no job role."""
+        if not self.config.job_role_arn:
+            return {}
+        team = job.require_spec().team
+        return {
+            "job_role_arn": self.config.job_role_arn,
+            "session_policy": session_policy_json(
+                bucket=self.config.checkpoint_bucket,
+                job_id=job.job_id,
+                team=team,
+                data_buckets=self.team_directory.data_buckets(team),
+            ),
+            "session_tags": session_tags(job_id=job.job_id, team=team, attempt=attempt.number),
+        }
 
     def _record_launched(
         self,

@@ -93,6 +93,8 @@ class LaunchRequest:
     user_data: str | bytes
     placement_group: str | None = None
     """Created (or reused) by run_instances when missing; at most 500 per Region."""
+    security_group_id: str | None = None
+    """The job's own security group (self-ingress only), attached beside the stack's egress group."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,22 @@ class Compute(Protocol):
     def delete_placement_group(self, name: str) -> bool:
         """True once the group is gone (also when it already was); False while instances use it."""
 
+    # ---- a security group per job (gangs of different jobs cannot reach each other) ----------
+    def job_security_group(self, job_id: str) -> str:
+        """The job's security group, created (tagged, self-ingress only) if it does not exist yet."""
+
+    def job_security_groups(self) -> list[JobSecurityGroup]:
+        """Every job security group tagged with this stack."""
+
+    def delete_security_group(self, group_id: str) -> bool:
+        """Delete it; False while an instance (or its network interface) still uses it."""
+
+
+@dataclass(frozen=True)
+class JobSecurityGroup:
+    group_id: str
+    job_id: str
+
 
 @dataclass(frozen=True)
 class TaggedInstance:
@@ -218,6 +236,11 @@ class Prices(Protocol):
     @property
     def on_demand_table(self) -> Mapping[str, float]:
         """Instance type -> on-demand USD per hour, for every type with a known price."""
+
+
+class ReportKeys(Protocol):
+    def key_for(self, *, job_id: str, attempt: int) -> bytes:
+        """The attempt's report key (`domain.report_auth.report_key` under the stack's secret)."""
 
 
 # ---- events, blobs, clock -------------------------------------------------------------------

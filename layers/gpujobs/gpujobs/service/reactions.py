@@ -7,6 +7,12 @@ fresh record and publishes every transition), then carry out its effects (signal
 terminate, alarms, launch). Observations are recorded before anything is decided, and `settle()`
 decides from the whole record, so an event that arrives twice, late or out of order changes
 nothing the second time, and the reconciler can call `settle()` at any moment with the same result.
+
+Rules filter what reaches each function, but a rule is configuration and anyone who can put events
+on a bus can shape them: so every reaction checks again what it acts on. A malformed job or
+instance id is ignored before any lookup (`MALFORMED`), an instance the store does not know is
+somebody else's (`NOT_OURS`), and an idle alarm counts only under the exact name this stack gives
+it (`OTHER_STACK`).
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gpujobs.contract import GONE_STATES
+from gpujobs.contract import GONE_STATES, idle_alarm_name
 from gpujobs.domain import decisions
 from gpujobs.domain.effects import Decision, Outcome
 from gpujobs.domain.job import Job
+from gpujobs.domain.reports import INSTANCE_ID, JOB_ID
 from gpujobs.domain.states import Reason
 from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import JobNotFoundError, Signaller
@@ -47,6 +54,8 @@ class Reactions:
 
     def _react(self, job_id: str, decide: Decide) -> Reaction:
         """Decide on the stored job, write, publish, then act: the one path every reaction takes."""
+        if not JOB_ID.fullmatch(job_id):
+            return malformed(f"job id {job_id!r}")
         try:
             applied = self.jobs.change(job_id, lambda job: decide(job, self.jobs.clock.now()))
         except JobNotFoundError:
@@ -56,6 +65,8 @@ class Reactions:
         return Reaction(decision.outcome, after, dict(decision.metrics), decision.detail)
 
     def _react_to_instance(self, instance_id: str, decide: Decide) -> Reaction:
+        if not INSTANCE_ID.fullmatch(instance_id):
+            return malformed(f"instance id {instance_id!r}")
         job = self.jobs.store.find_by_instance(instance_id)
         return not_ours(instance_id) if job is None else self._react(job.job_id, decide)
 
@@ -116,6 +127,17 @@ class Reactions:
 
     def idle_alarm(self, instance_id: str) -> Reaction:
         return self._react_to_instance(instance_id, lambda job, now: decisions.on_idle_alarm(job, instance_id, now=now))
+
+    def stack_alarm(self, *, alarm_name: str, instance_id: str, stack_name: str) -> Reaction:
+        """An idle alarm as the cloud reports it: acted on only under the exact name this stack gives
+        the alarm of the instance it names; another stack's (or a crafted) alarm is ignored."""
+        if alarm_name != idle_alarm_name(stack_name, instance_id):
+            return Reaction(Outcome.OTHER_STACK, detail=f"alarm {alarm_name[:120]!r} is not {stack_name}'s")
+        return self.idle_alarm(instance_id)
+
+
+def malformed(what: str) -> Reaction:
+    return Reaction(Outcome.MALFORMED, detail=f"{what[:80]} is malformed")
 
 
 def not_ours(instance_id: str) -> Reaction:

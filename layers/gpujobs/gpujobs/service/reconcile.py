@@ -15,7 +15,8 @@ A run works in order of what a lost minute costs most:
    an unfinished one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
-   its job agrees: a live gang is never killed from a stale view.
+   its job agrees: a live gang is never killed from a stale view. Then the security groups of jobs
+   that are over and hold no instance any more (also leftovers whose job is unknown).
 4. Launch work, which may walk a capacity ladder: replacements of interrupted jobs, launches stuck
    past their lease, then queued jobs whose next try is due, longest-waiting first. It stops while
    `LAUNCH_WORK_RESERVE` of the run's deadline is left; what is left over waits for the next run,
@@ -117,6 +118,7 @@ class Reconciler:
         if alarmed is not None:
             self._delete_leaked_alarms(alarmed - watched, report)
         self._terminate_orphans(instances, active, now, report)
+        self._delete_ended_jobs_security_groups(active, by_job, report)
         work = _launch_work(active.values(), now)
         for done, job in enumerate(work):
             if deadline is not None and jobs.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
@@ -325,6 +327,23 @@ class Reconciler:
                 continue
             if self.reactions.jobs.compute.delete_placement_group(group.name):
                 report.count("placement groups deleted")
+
+    def _delete_ended_jobs_security_groups(
+        self, active: dict[str, Job], by_job: dict[str, list[TaggedInstance]], report: ReconcileReport
+    ) -> None:
+        """A job's security group outlives its instances by up to a minute: EC2 refuses to delete a
+        group an interface still uses, so it goes here once the job is over (by a consistent read:
+        a group created for a launch the index does not show yet is never taken) and nothing of the
+        job is left. Stopped instances a STOPPED job keeps also keep their group."""
+        compute = self.reactions.jobs.compute
+        for group in compute.job_security_groups():
+            if group.job_id in active or by_job.get(group.job_id):
+                continue
+            job = self._consistent_read(group.job_id)
+            if job is not None and job.state in ACTIVE_STATES:
+                continue
+            if compute.delete_security_group(group.group_id):
+                report.count("job security groups deleted")
 
     def _consistent_read(self, job_id: str) -> Job | None:
         try:

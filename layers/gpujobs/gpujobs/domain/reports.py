@@ -1,0 +1,67 @@
+"""What an instance reports about its attempt, as the control plane acts on it.
+
+The inbound models (`adapters.inbound`) parse an event's detail into one of these; the reports
+service verifies its proof (`domain.report_auth`) over `signed_fields()`, the very values it then
+acts on, before any decision reads it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, REPORT_SIGNED_FIELDS, TRAINING_HEARTBEAT
+
+JOB_ID = re.compile(r"j-[0-9a-f]{16}")
+"""What `domain.job.job_id_for` produces: anything else names no job of ours."""
+INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+"""An EC2 instance id (the short 8-digit form is still seen on old accounts)."""
+
+
+@dataclass(frozen=True)
+class _Report:
+    DETAIL_TYPE: ClassVar[str]
+
+    job_id: str
+    attempt: int
+
+    def signed_fields(self) -> dict[str, object]:
+        values = asdict(self)
+        return {name: values[name] for name in REPORT_SIGNED_FIELDS[self.DETAIL_TYPE]}
+
+
+@dataclass(frozen=True)
+class CheckpointReport(_Report):
+    DETAIL_TYPE: ClassVar[str] = CHECKPOINT_COMMITTED
+
+    step: int
+    uri: str
+
+
+@dataclass(frozen=True)
+class HeartbeatReport(_Report):
+    DETAIL_TYPE: ClassVar[str] = TRAINING_HEARTBEAT
+
+    step: int
+
+
+@dataclass(frozen=True)
+class ExitReport(_Report):
+    DETAIL_TYPE: ClassVar[str] = JOB_EXITED
+
+    exit_code: int
+    instance_id: str | None = None
+    node_rank: int | None = None
+
+
+Report = CheckpointReport | HeartbeatReport | ExitReport
+
+
+@dataclass(frozen=True)
+class SignedReport:
+    """A report and the proof it came with (absent fields: an unsigned report)."""
+
+    report: Report
+    signed_at: int | None = None
+    signature: str | None = None

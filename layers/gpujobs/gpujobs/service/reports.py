@@ -1,0 +1,56 @@
+"""Reports from instances: act on one only once it proves it comes from the attempt it names.
+
+The proof (`domain.report_auth`) is checked before the job is even read: a forged report costs one
+key derivation, never a store read or a write, and is answered `UNPROVEN_REPORT` with the metric
+`ForgedReports` (a proof that is missing, wrong or stale looks the same from outside: all three are
+counted, and the detail logged says which). A proven report goes on to its reaction, whose decision
+still judges it on the record (an ended attempt's report changes nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpujobs.domain.effects import Outcome
+from gpujobs.domain.report_auth import Proof, verify
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, SignedReport
+from gpujobs.service.ports import ReportKeys
+from gpujobs.service.reactions import Reaction, Reactions
+
+
+@dataclass
+class Reports:
+    reactions: Reactions
+    keys: ReportKeys
+
+    def receive(self, signed: SignedReport) -> Reaction:
+        report = signed.report
+        proof = verify(
+            self.keys.key_for(job_id=report.job_id, attempt=report.attempt),
+            report.DETAIL_TYPE,
+            report.signed_fields(),
+            signed_at=signed.signed_at,
+            signature=signed.signature,
+            now=self.reactions.jobs.clock.now(),
+        )
+        if proof is not Proof.VALID:
+            return Reaction(
+                Outcome.UNPROVEN_REPORT,
+                metrics={"ForgedReports": 1},
+                detail=f"{report.DETAIL_TYPE} for {report.job_id} attempt {report.attempt}: {proof.value}",
+            )
+        react = self.reactions
+        if isinstance(report, CheckpointReport):
+            return react.checkpoint_committed(
+                job_id=report.job_id, attempt=report.attempt, step=report.step, uri=report.uri
+            )
+        if isinstance(report, HeartbeatReport):
+            return react.heartbeat(job_id=report.job_id, attempt=report.attempt, step=report.step)
+        assert isinstance(report, ExitReport)
+        return react.job_exited(
+            job_id=report.job_id,
+            attempt=report.attempt,
+            exit_code=report.exit_code,
+            instance_id=report.instance_id,
+            node_rank=report.node_rank,
+        )
