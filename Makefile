@@ -45,7 +45,7 @@ bench: setup
 # The randomized proof at length: 10,000 sequences of the stateful test (CI runs a few hundred),
 # then the 30-day simulated soak. Hypothesis prints how many sequences passed and how long they took.
 soak: setup
-	GPUJOBS_HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -p no:cacheprovider -q --hypothesis-show-statistics \
+	GPUJOBS_HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -p no:cacheprovider -q --timeout 3600 --hypothesis-show-statistics \
 		tests/service/test_any_order_of_events.py tests/service/test_thirty_days.py
 
 clean:
