@@ -23,6 +23,7 @@ from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.adapters.memory import FixedClock
 from gpujobs.contract import UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState
 from gpujobs.service.budgeting import BudgetReactions
@@ -32,12 +33,12 @@ from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
 
 START = datetime(2026, 11, 30, 21, 0, tzinfo=UTC)
 """Three hours before a budget period rolls over, so that clock jumps cross it."""
-SPOT_WARNING = timedelta(minutes=2)
 RECONCILE_EVERY = timedelta(minutes=5)
 """The schedule says every minute; five keeps the model cheap and still inside every bound below."""
 UNRECORDED_LIMIT = timedelta(minutes=15)
-RECLAIM_WINDOW = SPOT_WARNING + timedelta(minutes=15)
-"""How long the gang of a reclaimed attempt may overlap its replacement (warning plus a grace)."""
+RECLAIM_WINDOW = SPOT_WARNING_WINDOW + RECLAIM_GRACE + 2 * RECONCILE_EVERY
+"""How long the gang of a reclaimed attempt may overlap its replacement: the warning, the grace its
+trainers get to exit, and two reconciler runs (one of them may be the run a fault killed)."""
 CAPACITY_MESSAGE = (
     "We currently do not have sufficient {type} capacity in the Availability Zone you requested ({zone}). "
     "Our system will be working on provisioning additional capacity. You can currently get {type} capacity "
@@ -174,7 +175,7 @@ class SimulatedCloud:
 
     def warn(self, instance_id: str) -> None:
         """A spot warning: the event goes out now, and EC2 takes the instance two minutes later."""
-        self.reclaim_at.setdefault(instance_id, self.now + SPOT_WARNING)
+        self.reclaim_at.setdefault(instance_id, self.now + SPOT_WARNING_WINDOW)
         self.pending.append(Delivery("warning", (instance_id,)))
 
     def observe(self) -> None:
