@@ -31,8 +31,9 @@ What the local cloud enforces and what is proven elsewhere:
 
 A gap this story shows: the bootstrap that refuses a swapped run document does not know the job,
 attempt or bus (they are in the refused document; user data holds only the pointer), so it cannot
-report its exit. The job learns of it only when its instance is gone, after the report grace, and
-relaunches. Nothing of the swapped document runs, but the failure reads as a lost instance.
+report its exit. The control plane learns of it only when the instance is gone and the report
+grace is over, and judges it as an instance gone without a report. Nothing of the swapped document
+runs, but the refusal is visible only in the instance's log.
 """
 
 from __future__ import annotations
