@@ -109,7 +109,7 @@ def _forged(detail_type: str, detail: dict[str, Any]) -> dict[str, Any]:
 def _offloaded_spec() -> dict[str, Any]:
     """A job of team A whose run document is too large for user data, so it goes to S3 with its SHA-256."""
     env = {f"VOCABULARY_{i}": secrets.token_urlsafe(3000) for i in range(6)}  # ~24 KB that gzip cannot shrink
-    return digits_spec(team="vision", name="vision-big-env", env=env, max_attempts=1)
+    return digits_spec(team="vision", name="vision-big-env", env=env)
 
 
 @pytest.mark.timeout(300)
