@@ -29,11 +29,9 @@ What the local cloud enforces and what is proven elsewhere:
     `::test_no_job_may_write_a_run_document_and_instances_may_only_read_them`,
     `::test_a_session_policy_names_only_its_job_its_team_and_its_teams_data_buckets`.
 
-A gap this story shows: the bootstrap that refuses a swapped run document does not know the job,
-attempt or bus (they are in the refused document; user data holds only the pointer), so it cannot
-report its exit. The control plane learns of it only when the instance is gone and the report
-grace is over, and judges it as an instance gone without a report. Nothing of the swapped document
-runs, but the refusal is visible only in the instance's log.
+The refusal of a swapped run document reaches the control plane as that attempt's exit (exit 127,
+bootstrap-failed): user data carries, beside the pointer and its digest, the job, attempt and bus
+to report to, so a refused document never leaves the job waiting for its instance to vanish.
 """
 
 from __future__ import annotations
@@ -180,7 +178,12 @@ def test_each_attack_by_one_teams_job_on_anothers_is_refused_and_recorded(
     assert "refused" in stage.log_text(a2_instance)
     stage.wait("A's second machine to be off", lambda: stage.machine_is_off(a2_instance), 60)
     assert not pwned.exists(), "the swapped run document's command ran"
-    # (the refused boot cannot report its exit: see the module docstring) A gives that job up
+    stage.wait(
+        "the refusal reported as the attempt's exit",
+        lambda: 127 in getattr(stage.job(a2_job).attempt(1), "exit_codes", {}).values(),
+        60,
+    )
+    # A gives that job up
     stage.session.send({"cancel_job_id": a2_job}, sender=ALICE)
     stage.wait_state(a2_job, JobState.CANCELLED, timeout=30)
 
