@@ -12,6 +12,11 @@ its own module:
   their periodic work to it with `add_tick()`;
 - `faults`: capacity errors injected into RunInstances.
 
+moto stamps every SQS message with one `SenderId` (`stack.MOTO_SENDER`, its default user), whatever
+credentials sent it. `send(body, sender=...)` plays a message another principal sent: the jobs
+queue's event source hands the submit function that principal's id, as SQS would (the team
+configuration, `teams`, decides what it may do).
+
 `start()` starts the server, builds the stack, adds the resources the template declares beyond
 `MotoStack` (the events dead-letter queue, the budget alerts topic), wires every event source and
 warms the handlers' clients; `stop()` undoes all of it and leaves the process as it found it.
@@ -76,6 +81,7 @@ class LocalCloud:
         self._faults = CapacityFaults()
         self._sources: EventSources | None = None
         self._clients: dict[str, Any] = {}
+        self._senders: dict[str, str] = {}  # message id -> SenderId, for messages sent as another principal
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LocalCloud:
@@ -125,6 +131,7 @@ class LocalCloud:
                 bootstrap.reset()
                 self._sources = None
                 self._clients.clear()
+                self._senders.clear()
                 self.stack = None
                 boto3.DEFAULT_SESSION = None  # drops the hooks and clients registered on it
                 gc.collect()  # close pooled connections, so moto's keep-alive threads end
@@ -163,6 +170,22 @@ class LocalCloud:
     def client(self, service: str) -> Any:
         """A boto3 client for the local endpoint (its own session: safe from any thread)."""
         return self._server.client(service)
+
+    def send(self, body: str, *, sender: str | None = None) -> str:
+        """Send `body` to the jobs queue as `sender` (a principal's unique id; None: moto's default
+        user); returns the message id. Sent on the loop thread, so no poll receives the message
+        before its sender is recorded."""
+        self._require_running()
+
+        def send_as() -> str:
+            answer = self._clients["sqs_main"].send_message(QueueUrl=self.outputs["JobsQueueUrl"], MessageBody=body)
+            message_id = str(answer["MessageId"])
+            if sender is not None:
+                self._senders[message_id] = sender
+            return message_id
+
+        message_id: str = self._loop.call(send_as)
+        return message_id
 
     def put_event(
         self,
@@ -283,6 +306,7 @@ class LocalCloud:
             queues=queues,
             refs={"JobsEventBus": stack.bus, "BudgetAlertsTopic": topic},
             retry_delay=self.retry_delay,
+            senders=self._senders,
         )
 
         from gpujobs.runtime import bootstrap

@@ -42,13 +42,17 @@ class EventSources:
         queues: Mapping[str, str],
         refs: Mapping[str, str],
         retry_delay: int,
+        senders: Mapping[str, str] | None = None,
     ) -> None:
         """`clients`: boto3 `sqs`, `events` and `sns` clients; `queues`: queue URL by logical id (the
-        queues SQS events name); `refs`: bus name and topic ARN by logical id."""
+        queues SQS events name); `refs`: bus name and topic ARN by logical id; `senders`: the
+        `SenderId` by message id for messages sent as another principal than moto's default user
+        (read at each delivery, so entries added later apply)."""
         self.routes = list(routes)
         self.stack_name = invoker.stack_name
         self.region = invoker.region
         self.retry_delay = retry_delay
+        self._senders: Mapping[str, str] = {} if senders is None else senders
         self._invoker = invoker
         self._sqs, self._events, self._sns = clients["sqs"], clients["events"], clients["sns"]
         self.polls: list[Poll] = []
@@ -103,7 +107,7 @@ class EventSources:
             ).get("Messages", [])
             if not messages:
                 return False
-            event = {"Records": [_sqs_record(m, arn, self.region) for m in messages]}
+            event = {"Records": [_sqs_record(m, arn, self.region, self._senders.get(m["MessageId"])) for m in messages]}
             attempt = max(int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)) for m in messages)
             delivery = self._invoker.invoke(route, "SQS", event, attempt=attempt, last=False)
             if delivery.error is not None:
@@ -169,12 +173,13 @@ class EventSources:
         return poll
 
 
-def _sqs_record(m: dict[str, Any], arn: str, region: str) -> dict[str, Any]:
+def _sqs_record(m: dict[str, Any], arn: str, region: str, sender: str | None = None) -> dict[str, Any]:
+    attributes = m.get("Attributes", {})
     return {
         "messageId": m["MessageId"],
         "receiptHandle": m["ReceiptHandle"],
         "body": m["Body"],
-        "attributes": m.get("Attributes", {}),
+        "attributes": attributes if sender is None else {**attributes, "SenderId": sender},
         "messageAttributes": m.get("MessageAttributes", {}),
         "md5OfBody": m["MD5OfBody"],
         "eventSource": "aws:sqs",

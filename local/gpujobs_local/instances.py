@@ -15,7 +15,9 @@ staging). What EC2 would do to the machine follows moto's state and the runner's
   terminates it): ``terminate_instances`` in moto and ``shutting-down`` + ``terminated`` events;
 * ``interrupt_spot``: IMDS ``spot/instance-action``, the interruption warning event, and the
   termination ``notice_seconds`` later; ``rebalance``: IMDS notice and the recommendation event;
-* ``crash``: everything SIGKILLed at once, terminated, events, and no ``Job Exited``.
+* ``crash``: everything SIGKILLed at once, terminated, events, and no ``Job Exited``;
+* ``boots_held()``: instances launched inside the block boot only when it ends, as a machine still
+  being provisioned (a story can act between a launch and the boot).
 
 This module keeps EC2's side (what moto says, the state a machine is in, the events EC2 emits);
 running, finding, signalling and reaping an instance's processes is ``processes.InstanceProcesses``.
@@ -33,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +146,7 @@ class InstanceRunner:
         self._lock = threading.RLock()
         self._outbox: list[dict[str, Any]] = []
         self._stopped = False
+        self._boots_held = False
         self.subreaper = become_subreaper()
 
     # --- public API ------------------------------------------------------------------------------
@@ -213,6 +217,17 @@ class InstanceRunner:
                 inst.processes.reap(timeout=5.0)
                 self._close(inst)
 
+    @contextmanager
+    def boots_held(self) -> Iterator[None]:
+        """Instances launched inside the block start their bootstrap only when it ends."""
+        with self._lock:
+            self._boots_held = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._boots_held = False
+
     def process_groups(self) -> set[int]:
         """Every process group any instance was seen running (for checks that nothing is left)."""
         with self._lock:
@@ -225,7 +240,7 @@ class InstanceRunner:
             iid, state = described["InstanceId"], described["State"]["Name"]
             inst = self.instances.get(iid)
             if inst is None:
-                if state in UP_STATES:
+                if state in UP_STATES and not self._boots_held:
                     self._launch(described)
                 continue
             if state in _ENDING and not inst.ending and not inst.crashed:

@@ -5,6 +5,7 @@ bootstrap and trainer as local processes.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -36,15 +37,9 @@ class LocalSession:
     def job(self, job_id: str) -> Job:
         return self.store.get(job_id)
 
-    def send(self, spec: dict[str, Any]) -> str:
-        sqs = self.cloud.client("sqs")
-        return str(sqs.send_message(QueueUrl=self.cloud.outputs["JobsQueueUrl"], MessageBody=_json(spec))["MessageId"])
-
-
-def _json(data: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(data)
+    def send(self, spec: dict[str, Any], *, sender: str | None = None) -> str:
+        """Send `spec` (or a cancel) to the jobs queue as `sender` (None: moto's default user)."""
+        return self.cloud.send(json.dumps(spec), sender=sender)
 
 
 def attach_runner(
@@ -78,9 +73,13 @@ def local_session(
     reconcile_every: float = 5.0,
     grace_seconds: float = 20.0,
     wait_timeout: float = 60.0,
+    teams: str | None = None,
 ) -> Iterator[LocalSession]:
-    """Start the local cloud and its instance runner; stop both, leaving nothing running."""
-    cloud = LocalCloud(workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=LOCAL_INSTANCE_TYPES)
+    """Start the local cloud and its instance runner; stop both, leaving nothing running.
+    `teams`: a team configuration (JSON, docs/deploy.md "Teams"); None runs the stack without one."""
+    cloud = LocalCloud(
+        workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=LOCAL_INSTANCE_TYPES, teams=teams
+    )
     cloud.start()
     try:
         runner = attach_runner(cloud, workdir=workdir, grace_seconds=grace_seconds, wait_timeout=wait_timeout)

@@ -128,8 +128,9 @@ class Stage:
         return None
 
     # ---- jobs ----------------------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any]) -> str:
-        self.session.send(spec)
+    def submit(self, spec: dict[str, Any], *, sender: str | None = None) -> str:
+        """Send `spec` as `sender` (None: moto's default user); the id a valid spec's job gets."""
+        self.session.send(spec, sender=sender)
         return job_id_for(client_token=spec["client_token"], team=spec["team"], message_id=None)
 
     def job(self, job_id: str) -> Job:

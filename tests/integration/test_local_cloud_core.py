@@ -277,3 +277,24 @@ def test_a_report_forged_by_another_job_is_consumed_and_changes_nothing(cloud: L
     )
     cloud.wait_until(lambda: len(seen.to("ReportsFunction")) == 2, timeout=30, what="the signed report")
     assert store.get(job_id).attempt(1).exit_codes == {iid: 1}  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(120)
+def test_a_message_sent_as_another_principal_reaches_the_submit_function_with_its_sender_id(
+    cloud: LocalCloud,
+) -> None:
+    from gpujobs_local.stack import MOTO_SENDER
+
+    seen = recorded(cloud)
+    body = (ROOT / "examples/digits.yaml").read_text()
+
+    as_mallory = cloud.send(body.replace("name: digits", "name: digits-mallory"), sender="AROAMALLORYEXAMPLE01:m")
+    as_moto = cloud.send(body)
+
+    cloud.wait_until(
+        lambda: sum(len(d.event["Records"]) for d in seen.to("SubmitFunction")) == 2, timeout=30, what="both messages"
+    )
+    senders = {
+        r["messageId"]: r["attributes"]["SenderId"] for d in seen.to("SubmitFunction") for r in d.event["Records"]
+    }
+    assert senders == {as_mallory: "AROAMALLORYEXAMPLE01:m", as_moto: MOTO_SENDER}

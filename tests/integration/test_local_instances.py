@@ -280,6 +280,24 @@ def test_an_instance_runs_its_job_reports_the_exit_code_and_terminates(
 
 
 @pytest.mark.timeout(180)
+def test_an_instance_launched_while_boots_are_held_boots_only_when_they_are_released(
+    cloud: Cloud, make_runner: Callable[..., InstanceRunner]
+) -> None:
+    runner = make_runner()
+    with runner.boots_held():
+        [iid] = cloud.launch(command=[sys.executable, "-c", EXITS, "0"])
+        runner.poll()
+        runner.poll()
+        assert iid not in runner.instances  # still being provisioned: no bootstrap, no events
+        assert cloud.states(iid) == []
+
+    poll_until(runner, lambda: runner.instances.get(iid) is not None and runner.instances[iid].state == "terminated")
+
+    assert runner.instances[iid].exit_code == 0
+    assert cloud.states(iid) == ["running", "shutting-down", "terminated"]
+
+
+@pytest.mark.timeout(180)
 def test_terminate_instances_sigterms_the_workload_within_the_grace(
     cloud: Cloud, make_runner: Callable[..., InstanceRunner], tmp_path: Path
 ) -> None:

@@ -166,6 +166,31 @@ def test_a_run_document_swapped_in_s3_after_launch_is_refused(tmp_path: Path, bu
     assert not (tmp_path / "out.json").exists()
 
 
+def test_a_refused_run_document_is_still_reported_as_its_attempts_exit(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    # Given user data pointing at a stored document, saying whom to report to (as the launcher writes it)
+    s3 = moto(moto_endpoint, "s3")
+    s3.create_bucket(Bucket="rundocs")
+    key = "jobs/job-7/attempt-3/run.json"
+    original = a_document(tmp_path, bus)
+    body = original.model_dump_json().encode()
+    pointer = RunDocumentPointer.for_stored(f"s3://rundocs/{key}", body, doc=original)
+    # When the object is swapped before the instance boots (and the bootstrap has no --event-bus)
+    swapped = a_document(tmp_path, bus, command=[sys.executable, "-c", "open('/tmp/pwned', 'w')"])
+    s3.put_object(Bucket="rundocs", Key=key, Body=swapped.model_dump_json().encode())
+    with FakeImds(user_data=render_user_data(pointer), instance_id=INSTANCE_ID) as imds:
+        code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+
+    # Then the refusal reaches the control plane as this attempt's exit, not only the instance's log
+    (exited,) = bus.exits()
+    assert code == exited["exit_code"] == 127
+    assert (exited["job_id"], exited["attempt"]) == (original.job_id, original.attempt)
+    assert exited["reason"] == "bootstrap-failed"
+    assert "SHA-256" in exited["message"]
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_the_pointer_carries_the_digest_of_exactly_the_stored_bytes() -> None:
     body = b'{"job_id": "job-7"}'
     pointer = RunDocumentPointer.for_stored("s3://b/jobs/job-7/attempt-1/run.json", body)

@@ -70,8 +70,24 @@ class RunDocumentPointer(BaseModel):
     """Hex SHA-256 of the exact bytes stored at `run_document_uri`."""
     report_key: str = Field(default="", repr=False)
     """The attempt's report key: in user data only, never in the S3 object."""
+    job_id: str = ""
+    attempt: int | None = None
+    event_bus: str = ""
+    """Whom the bootstrap reports to when it refuses the document (a swapped or unreadable one):
+    without them, a refused document would leave the attempt to be judged only once its instance
+    is gone."""
 
     @classmethod
-    def for_stored(cls, uri: str, body: bytes, *, report_key: str = "") -> RunDocumentPointer:
-        """The pointer to `body`, stored at `uri` (the report key travels beside it, never in S3)."""
-        return cls(run_document_uri=uri, run_document_sha256=hashlib.sha256(body).hexdigest(), report_key=report_key)
+    def for_stored(
+        cls, uri: str, body: bytes, *, report_key: str = "", doc: RunDocument | None = None
+    ) -> RunDocumentPointer:
+        """The pointer to `body`, stored at `uri`; the report key and, from `doc`, whom to report to
+        travel beside it in user data."""
+        return cls(
+            run_document_uri=uri,
+            run_document_sha256=hashlib.sha256(body).hexdigest(),
+            report_key=report_key,
+            job_id=doc.job_id if doc else "",
+            attempt=doc.attempt if doc else None,
+            event_bus=doc.event_bus if doc else "",
+        )

@@ -66,7 +66,7 @@ def extract_run_json(raw: bytes) -> dict[str, Any]:
     return data
 
 
-POINTER_FIELDS = ("run_document_uri", "run_document_sha256", "report_key")
+POINTER_FIELDS = ("run_document_uri", "run_document_sha256", "report_key", "job_id", "attempt", "event_bus")
 """Mirrors `gpujobs.domain.rundoc.RunDocumentPointer`; the first two are required."""
 
 
@@ -110,7 +110,9 @@ def load_document(raw: bytes, s3: Callable[[], Any], partial: dict[str, Any]) ->
     """The run document from user data, following an S3 pointer; `partial` keeps what was readable."""
     data = extract_run_json(raw)
     if is_pointer(data):
-        # The attempt's report key travels beside the pointer, in user data only, never in S3.
+        # Whom to report to (and the report key) travel beside the pointer, in user data only: kept
+        # first, so that a document refused below is still reported as this attempt's exit.
+        partial["raw"] = {k: data[k] for k in ("job_id", "attempt", "event_bus", "report_key") if k in data}
         data = {**extract_run_json(_fetch_verified(data, s3)), "report_key": data.get("report_key", "")}
     partial["raw"] = data
     return check_document(data)

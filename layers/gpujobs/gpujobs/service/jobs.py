@@ -314,7 +314,9 @@ class JobService:
             key = f"jobs/{job.job_id}/attempt-{attempt.number}/run.json"
             body = doc.model_dump_json(exclude={"report_key"})
             uri = self.blobs.put_text(key, body)
-            return self.render_user_data(RunDocumentPointer.for_stored(uri, body.encode(), report_key=doc.report_key))
+            return self.render_user_data(
+                RunDocumentPointer.for_stored(uri, body.encode(), report_key=doc.report_key, doc=doc)
+            )
 
     def _job_access(self, job: Job, attempt: Attempt) -> dict[str, Any]:
         """The run document's job role, session policy and tags; none when the stack has no job role."""
