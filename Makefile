@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test lint typecheck template unit bench clean
+.PHONY: setup demo test lint typecheck template unit bench soak clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,12 @@ test: lint typecheck template
 bench: setup
 	$(BIN)/python bench/control_plane_bench.py
 	$(BIN)/python bench/checkpoint_bench.py
+
+# The randomized proof at length: 10,000 sequences of the stateful test (CI runs a few hundred),
+# then the 30-day simulated soak. Hypothesis prints how many sequences passed and how long they took.
+soak: setup
+	GPUJOBS_HYPOTHESIS_PROFILE=soak $(BIN)/python -m pytest -p no:cacheprovider -q --timeout 3600 --hypothesis-show-statistics \
+		tests/service/test_any_order_of_events.py tests/service/test_thirty_days.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

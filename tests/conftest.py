@@ -4,6 +4,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
 from gpujobs_local.stack import MotoStack, load_function
@@ -15,6 +16,13 @@ __all__ = ["load_function"]
 # imports it at collection (for a metric's name) must not leave them unset for every later test.
 os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "GpuJobs")
 os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "gpujobs")
+
+# Randomized tests: `ci` (the default) runs a few hundred sequences; `make soak` selects `soak`.
+_SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
+_SEQUENCES = {"max_examples": 300, "stateful_step_count": 100, "deadline": None, "suppress_health_check": _SLOW_IS_FINE}
+settings.register_profile("ci", **_SEQUENCES, print_blob=True)
+settings.register_profile("soak", **{**_SEQUENCES, "max_examples": 10_000})
+settings.load_profile(os.environ.get("GPUJOBS_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ A run works in order of what a lost minute costs most:
    only when the period rolls over), and the holds in force are read once for the run.
 2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
    that was still launching when the alert came is asked to stop once it runs), runtime and cost
-   caps, overdue heartbeats, then the attempt is settled.
+   caps, overdue heartbeats, then the attempt is settled. A job between attempts that still holds
+   an unfinished one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
    its job agrees: a live gang is never killed from a stale view. Then the security groups of jobs
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 
 from gpujobs.contract import GONE_STATES, STOPPED_STATES, UP_STATES
+from gpujobs.domain import decisions
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
 from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, live_instances
@@ -111,6 +113,8 @@ class Reconciler:
                         )
                     ),
                 )
+            elif any(not a.is_over and a.instance_ids for a in job.attempts):
+                self._guarded(job, report, lambda j: self._settle_between_attempts(j, by_job[j.job_id], report))
         if alarmed is not None:
             self._delete_leaked_alarms(alarmed - watched, report)
         self._terminate_orphans(instances, active, now, report)
@@ -164,13 +168,7 @@ class Reconciler:
     ) -> set[str]:
         """Repair one RUNNING job; returns the instances whose idle alarms it wants kept."""
         reactions = self.reactions
-        still_up = {i.instance_id for i in live if i.state not in GONE_STATES}
-        for attempt in job.attempts:
-            if attempt.is_over or not attempt.instance_ids:
-                continue
-            missing = tuple(i for i in attempt.instance_ids if i not in still_up and i not in attempt.gone)
-            if missing and reactions.record_gone(job.job_id, missing).outcome is Outcome.GONE_RECORDED:
-                report.count("lost state changes repaired")
+        self._record_lost_state_changes(job, live, report)
         current = reactions.jobs.store.get(job.job_id)
         self._enforce_caps(current, now, holds, report)
         self._check_heartbeat(current, now, report)
@@ -178,6 +176,27 @@ class Reconciler:
         if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
             report.count("attempts settled")
         return self._ensure_alarms(settled.job or current, alarmed, report)
+
+    def _record_lost_state_changes(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
+        still_up = {i.instance_id for i in live if i.state not in GONE_STATES}
+        for attempt in job.attempts:
+            if attempt.is_over or not attempt.instance_ids:
+                continue
+            missing = tuple(i for i in attempt.instance_ids if i not in still_up and i not in attempt.gone)
+            if missing and self.reactions.record_gone(job.job_id, missing).outcome is Outcome.GONE_RECORDED:
+                report.count("lost state changes repaired")
+
+    def _settle_between_attempts(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
+        """A job between attempts may still hold an unfinished one: an attempt interrupted just before
+        a budget hold (or a capacity crunch) sent its job back to the queue. No event judges it again,
+        so it would never end and its idle alarms would stay; it is settled here like a RUNNING
+        job's. Any launch that follows waits for the launch work, which comes after every repair."""
+        self._record_lost_state_changes(job, live, report)
+        jobs = self.reactions.jobs
+        applied = jobs.change(job.job_id, lambda current: decisions.settle(current, now=jobs.clock.now()))
+        jobs.carry_out(applied.decision.effects)
+        if applied.decision.outcome is not Outcome.NOTHING_TO_DECIDE:
+            report.count("attempts settled")
 
     def _ensure_alarms(self, job: Job, alarmed: set[str] | None, report: ReconcileReport) -> set[str]:
         """A RUNNING GPU job's live instances each have an idle alarm (its creation may have failed)."""
