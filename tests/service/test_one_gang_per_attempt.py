@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpujobs.domain.fate import REPORT_GRACE
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.states import JobState
 from gpujobs.service.jobs import LAUNCH_LEASE
@@ -82,3 +83,30 @@ def test_the_survivors_of_a_reclaimed_gang_are_terminated_after_the_warning_wind
     assert reclaimed is not None
     assert reclaimed.is_over
     assert after.state is JobState.RUNNING
+
+
+def test_a_node_that_vanishes_without_a_word_ends_its_gang_and_the_job_is_relaunched(world: World) -> None:
+    # Given a running 4-node spot gang
+    job = world.store.get(world.submit(spec(nodes=4)).job.job_id)
+    gang = job.instance_ids
+    # When one node is gone with no warning and no exit report, and the others' trainers hang
+    world.compute.terminate(gang[:1])
+    world.reactions.instance_state(gang[0], "terminated")
+    world.reconciler.run()
+    assert {f.instance.instance_id for f in world.compute.live()} >= set(gang[1:])  # reports may be in flight
+
+    # Then once the report grace is over the rest of the gang is terminated
+    world.clock.current += REPORT_GRACE
+    world.reconciler.run()
+    assert not {f.instance.instance_id for f in world.compute.live()} & set(gang)
+    for iid in gang[1:]:
+        world.reactions.instance_state(iid, "terminated")
+    world.clock.current += REPORT_GRACE
+    world.reconciler.run()
+
+    # and a whole new gang runs the job
+    after = world.store.get(job.job_id)
+    assert after.state is JobState.RUNNING
+    assert after.attempt_count == 2
+    assert len(after.instance_ids) == 4
+    assert not set(after.instance_ids) & set(gang)

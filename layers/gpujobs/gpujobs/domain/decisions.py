@@ -169,7 +169,9 @@ def on_gone(job: Job, instance_ids: tuple[str, ...], *, now: datetime) -> Decisi
         attempt = changed.attempt_of_instance(iid)
         if attempt is None or attempt.is_over or iid in attempt.gone:
             continue
-        updated = attempt.model_copy(update={"gone": (*attempt.gone, iid)})
+        updated = attempt.model_copy(
+            update={"gone": (*attempt.gone, iid), "first_gone_at": attempt.first_gone_at or now}
+        )
         if updated.all_gone:
             updated = updated.model_copy(update={"gone_at": now})
         changed = changed.with_attempt(updated, now=now)

@@ -59,6 +59,13 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
     settled = attempt.all_reported or (attempt.all_gone and (grace_over or job.stop_request is not None))
     if crashed and not attempt.all_gone and not attempt.all_reported:
         return Judgement(Verdict.TERMINATE_GANG, _codes(crashed))
+    vanished = [i for i in attempt.gone if i not in codes]
+    broken_for = now - attempt.first_gone_at if attempt.first_gone_at is not None else None
+    unwarned = attempt.interrupted_at is None  # a reclaimed gang's survivors get the warning window (gangs.py)
+    if vanished and unwarned and not attempt.all_gone and broken_for is not None and broken_for >= REPORT_GRACE:
+        # A node went without a word (no warning, no exit report): the rest of the gang cannot make
+        # progress and may hang in a collective forever. One gang per attempt: end this one.
+        return Judgement(Verdict.TERMINATE_GANG, f"node(s) gone without a report: {', '.join(vanished)}")
     if not settled:
         return Judgement(Verdict.WAIT)
     if job.stop_request is not None and not crashed:

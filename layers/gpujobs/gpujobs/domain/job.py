@@ -101,6 +101,8 @@ class Attempt(_Frozen):
     """Instances seen stopping, stopped, shutting down or terminated."""
     gone_at: datetime | None = None
     """When the last of the attempt's instances was seen gone."""
+    first_gone_at: datetime | None = None
+    """When the first of them was: a node gone without a report breaks the gang after a grace."""
     last_heartbeat_at: datetime | None = None
     heartbeat_step: int | None = None
     checkpoint_signalled_at: datetime | None = None
