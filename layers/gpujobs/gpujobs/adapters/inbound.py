@@ -33,7 +33,7 @@ from gpujobs.domain.reports import (
 
 
 class _Detail(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
 
 class Envelope(EventBridgeModel):
@@ -153,7 +153,7 @@ class AlarmStateChange(_Detail):
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True, defer_build=True)
 
 
 class AnomalyScore(_Lenient):
