@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spe
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore
 from gpujobs_cli import render
-from gpujobs_cli.resources import QUEUE, TABLE, Resources, discover
+from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_stream, failed_attempt
+from gpujobs_cli.resources import LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 UNSUCCESSFUL_ENDS = frozenset({JobState.FAILED, JobState.REJECTED, JobState.CANCELLED})
@@ -133,6 +135,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     job = _get(store, args.job_id)
     if not args.watch:
         print(json.dumps(job.model_dump(mode="json"), indent=2) if args.json else render.job_status(job))
+        if not args.json:
+            _print_failure_tail(args, job)
         return EXIT_OK
 
     def show(current: Job) -> None:
@@ -142,7 +146,77 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(render.job_status(current) + "\n", flush=True)
 
     job = wait_for(store, job.job_id, done=lambda j: j.state.is_terminal, on_change=show, first=job)
+    if not args.json:
+        _print_failure_tail(args, job)
     return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
+
+
+def _print_failure_tail(args: argparse.Namespace, job: Job) -> None:
+    """The last lines a failed attempt's node printed, under its status; a line saying why when unreadable."""
+    found = failed_attempt(job)
+    if found is None:
+        return
+    attempt, node = found
+    stream = choose_stream(job, attempt, node=node)
+    print(
+        f"\nlast lines of attempt {attempt.number}, node {node} (gpujobs logs {job.job_id} --attempt {attempt.number}"
+        f" --node {node}):"
+    )
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        resources = _discover(args, needs=(LOG_GROUP,))
+        lines = JobLogs(resources.client("logs"), resources.values[LOG_GROUP]).tail(stream)
+    except (ConfigError, BotoCoreError, ClientError) as exc:
+        print(f"  (unavailable: {printable(' '.join(str(exc).split()))})")
+        return
+    print("\n".join(f"  {line.text()}" for line in lines) if lines else "  (nothing was logged)")
+
+
+# ---- logs ---------------------------------------------------------------------------------
+def cmd_logs(args: argparse.Namespace) -> int:
+    resources = _discover(args, needs=(TABLE, LOG_GROUP))
+    store = _store(resources)
+    job = _get(store, args.job_id)
+    logs = JobLogs(resources.client("logs"), resources.values[LOG_GROUP])
+    since = datetime.now(UTC) - args.since if args.since else None
+    try:
+        attempt = choose_attempt(job, args.attempt)
+        stream = choose_stream(job, attempt, node=args.node, bootstrap=args.bootstrap)
+        if not args.follow:
+            logs.require(stream)
+    except NoLogError as exc:
+        raise CommandError(str(exc), EXIT_NOT_FOUND) from None
+
+    def attempt_over() -> bool:
+        current = next(a for a in _get(store, job.job_id).attempts if a.number == attempt.number)
+        return current.is_over
+
+    if args.follow:
+        _wait_for_stream(logs, stream, attempt_over)
+        lines = logs.follow(stream, since=since, is_over=attempt_over, sleep=sleep, every=POLL_SECONDS)
+    else:
+        lines = iter(logs.read(stream, since=since)[0])
+    for line in lines:
+        print(json.dumps(line.as_json(stream)) if args.json else line.text(), flush=True)
+    return EXIT_OK
+
+
+def _wait_for_stream(logs: JobLogs, stream: str, attempt_over: Callable[[], bool]) -> None:
+    """Until the node has written its first line; NOT_FOUND if its attempt ends without one."""
+    told = False
+    while True:
+        over = attempt_over()
+        try:
+            logs.require(stream)
+            return
+        except NoLogError as exc:
+            if over:
+                raise CommandError(str(exc), EXIT_NOT_FOUND) from None
+            if not told:
+                print(f"[{_clock()}] waiting for {stream} to start", file=sys.stderr)
+                told = True
+        sleep(POLL_SECONDS)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

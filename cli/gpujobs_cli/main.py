@@ -17,10 +17,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
 from gpujobs_cli import commands
+from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
 EPILOG = """\
@@ -29,6 +31,7 @@ examples:
   gpujobs submit examples/digits.yaml --wait
   gpujobs list --state all --limit 20
   gpujobs status j-0123456789abcdef --watch
+  gpujobs logs j-0123456789abcdef --follow
   gpujobs cancel j-0123456789abcdef
 
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
@@ -72,6 +75,15 @@ _COMMANDS = {
         "INTERRUPTED), newest first. Reads the table's ByState index; never scans.",
         "examples:\n  gpujobs list\n  gpujobs list --state all --limit 100\n  gpujobs list --state FAILED STOPPED --json",
     ),
+    "logs": (
+        "print a job's output",
+        "Print what one node of one attempt wrote (stdout and stderr), from the stack's job log group\n"
+        "in CloudWatch Logs: the newest attempt that got instances and node 0 unless told.\n"
+        "--bootstrap prints that node's bootstrap log instead (pull, rendezvous, exit).",
+        "examples:\n  gpujobs logs j-0123456789abcdef\n  gpujobs logs j-0123456789abcdef --follow\n"
+        "  gpujobs logs j-0123456789abcdef --attempt 2 --node 1 --since 10m\n"
+        "  gpujobs logs j-0123456789abcdef --json | jq -r .message",
+    ),
     "cancel": (
         "request a job's cancellation",
         "Send a cancel request for a job; its instances are terminated by the control plane.\n"
@@ -101,6 +113,23 @@ def _limit(value: str) -> int:
     if not 1 <= number <= 1000:
         raise argparse.ArgumentTypeError("must be between 1 and 1000")
     return number
+
+
+def _since(value: str) -> timedelta:
+    try:
+        return parse_since(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--attempt", type=int, metavar="N", help="attempt N (default: the newest that got instances)")
+    parser.add_argument("--node", type=int, default=0, metavar="K", help="node K of the attempt (default 0, rank 0)")
+    parser.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing until the attempt ends (Ctrl-C stops)"
+    )
+    parser.add_argument("--since", type=_since, metavar="AGE", help="only lines younger than AGE: 30s, 10m, 2h, 1d")
+    parser.add_argument("--bootstrap", action="store_true", help="the node's bootstrap log instead of its output")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
     made["submit"].add_argument("--wait", action="store_true", help="poll every 2 s until RUNNING or finished")
     made["submit"].add_argument("--client-token", metavar="T", help="idempotency token (default: the spec's, or new)")
-    for name in ("status", "cancel"):
+    for name in ("status", "cancel", "logs"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
+    _add_logs_arguments(made["logs"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     made["list"].add_argument(
         "--state",
@@ -144,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="states to list (repeatable or comma-separated); 'all' for every state",
     )
     made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
-    for name in ("submit", "status", "list", "cancel"):
+    for name in ("submit", "status", "list", "cancel", "logs"):
         made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
     handlers = {
         "validate": commands.cmd_validate,
@@ -153,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "list": commands.cmd_list,
         "cancel": commands.cmd_cancel,
         "schema": commands.cmd_schema,
+        "logs": commands.cmd_logs,
     }
     for name, handler in handlers.items():
         made[name].set_defaults(handler=handler)

@@ -1,7 +1,7 @@
 """Where the stack's queue and table are: CloudFormation outputs, unless the environment says.
 
-The CLI needs only two things from a deployment, the jobs queue and the jobs table. Reading them
-from the stack's outputs means a user types `gpujobs list` and nothing else; the `GPUJOBS_*`
+The CLI needs little from a deployment: the jobs queue, the jobs table and the job log group. Reading
+them from the stack's outputs means a user types `gpujobs list` and nothing else; the `GPUJOBS_*`
 overrides exist for a stack deployed under other names and for local clouds without CloudFormation,
 and when every resource a command needs is overridden, CloudFormation is not called at all.
 boto3 is imported here, lazily, so that `validate` and `schema` start without it; the endpoint
@@ -17,14 +17,20 @@ from typing import Any
 
 DEFAULT_STACK = "gpujobs"
 
-QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
+QUEUE, TABLE, EVENT_BUS, BUCKET, LOG_GROUP = "queue", "table", "event_bus", "bucket", "log_group"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
     EVENT_BUS: "EventBusName",
     BUCKET: "CheckpointBucketName",
+    LOG_GROUP: "JobLogGroupName",
 }
-_ENV_OVERRIDES = {QUEUE: "GPUJOBS_QUEUE_URL", TABLE: "GPUJOBS_TABLE", EVENT_BUS: "GPUJOBS_EVENT_BUS"}
+_ENV_OVERRIDES = {
+    QUEUE: "GPUJOBS_QUEUE_URL",
+    TABLE: "GPUJOBS_TABLE",
+    EVENT_BUS: "GPUJOBS_EVENT_BUS",
+    LOG_GROUP: "GPUJOBS_LOG_GROUP",
+}
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 
 

@@ -163,6 +163,7 @@ class LocalCloud:
             "GPUJOBS_QUEUE_URL": self.outputs["JobsQueueUrl"],
             "GPUJOBS_TABLE": self.outputs["JobsTableName"],
             "GPUJOBS_EVENT_BUS": self.outputs["EventBusName"],
+            "GPUJOBS_LOG_GROUP": self.outputs["JobLogGroupName"],
             "GPUJOBS_STACK": self.stack_name,
         }
 
@@ -288,6 +289,7 @@ class LocalCloud:
             "BudgetAlertsTopicArn": topic,
             "CheckpointNowDocumentName": stack.checkpoint_document,
             "EventsDeadLetterQueueUrl": events_dlq,
+            "JobLogGroupName": stack.log_group,
         }
 
         routes = router.routes()

@@ -1,7 +1,7 @@
 """The gpujobs stack on moto, built from template.yaml's own definitions, plus an SQS event source.
 
-`MotoStack` creates what `sam deploy` would (table, queue + DLQ, bucket, bus, launch template, a VPC
-with two subnets) and sets the environment the template gives the functions. `deliver()` plays the
+`MotoStack` creates what `sam deploy` would (table, queue + DLQ, bucket, bus, job log group, launch
+template, a VPC with two subnets) and sets the environment the template gives the functions. `deliver()` plays the
 part of Lambda's SQS event source mapping: it receives messages, invokes the real handler with the
 Lambda event shape, deletes what succeeded and leaves reported failures to come back after their
 visibility timeout, until the queue's redrive policy moves them to the dead-letter queue.
@@ -31,7 +31,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
-from gpujobs.contract import UP_STATES
+from gpujobs.contract import UP_STATES, job_log_group
 from gpujobs.domain.report_auth import sign
 from gpujobs.instance.rundoc import extract_run_json
 from gpujobs_local import template
@@ -128,6 +128,13 @@ class MotoStack:
 
         self.job_role_arn = self._create_job_role()
 
+        # The template's JobLogGroup: every node's output and bootstrap log (gpujobs logs reads it).
+        self.log_group = job_log_group(stack)
+        logs = boto3.client("logs", region_name=REGION)
+        logs.create_log_group(logGroupName=self.log_group)
+        retention = template.parameter_default(template.properties("JobLogGroup")["RetentionInDays"]["Ref"])
+        logs.put_retention_policy(logGroupName=self.log_group, retentionInDays=int(retention))
+
         self.ssm = boto3.client("ssm", region_name=REGION)
         self.checkpoint_document = f"{stack}-checkpoint-now"
         self.ssm.create_document(
@@ -156,6 +163,7 @@ class MotoStack:
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
             "REPORT_SECRET_ARN": self.report_secret_arn,
             "JOB_ROLE_ARN": self.job_role_arn,
+            "JOB_LOG_GROUP": self.log_group,
             "AWS_REGION": REGION,
         }
         if self.teams is not None:

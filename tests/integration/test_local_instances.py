@@ -184,7 +184,7 @@ class Cloud:
             MinCount=count,
             MaxCount=count,
             SubnetId=self.subnet,
-            UserData=render_user_data(doc),
+            UserData=render_user_data(doc, bucket="unused", region=REGION),
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
             **extra,
         )

@@ -9,6 +9,7 @@ interrupted one to end (its instances gone or its last checkpoint committed) bef
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import signal
@@ -38,9 +39,11 @@ from gpujobs.instance import (
     rundoc,
     runtimes,
 )
-from gpujobs.instance.userdata import BOOTSTRAP_LOG, bootstrap_script, render_user_data
+from gpujobs.instance.userdata import BOOTSTRAP_LOG, bootstrap_bundle, bootstrap_key, bootstrap_script, render_user_data
 from tests.unit.fake_imds import FakeImds
 
+BUCKET = "gpujobs-test-checkpoints"
+REGION = "us-east-1"
 BOOTSTRAP = Path(bootstrap.__file__)
 INSTANCE_ID = "i-0aaaabbbbccccdddd"
 HOSTILE = [
@@ -184,7 +187,9 @@ def test_the_workload_gets_literal_strings_and_the_gpujobs_contract(
     tmp_path: Path, bus: Bus, moto_endpoint: str
 ) -> None:
     doc = a_document(tmp_path, bus)
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID, local_ipv4="10.1.2.3") as imds:
+    with FakeImds(
+        user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID, local_ipv4="10.1.2.3"
+    ) as imds:
         code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
 
     assert code == 0, output
@@ -228,7 +233,7 @@ def test_a_failing_workload_is_published_and_the_instance_shuts_down(
     tmp_path: Path, bus: Bus, moto_endpoint: str
 ) -> None:
     user_data = tmp_path / "user-data"
-    user_data.write_bytes(render_user_data(a_document(tmp_path, bus, exit_code=3)))
+    user_data.write_bytes(render_user_data(a_document(tmp_path, bus, exit_code=3), bucket=BUCKET, region=REGION))
     with FakeImds(user_data=b"", instance_id=INSTANCE_ID) as imds:
         code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--user-data", str(user_data))
 
@@ -260,7 +265,7 @@ def test_sigterm_reaches_the_workload_and_its_exit_is_published(tmp_path: Path, 
         command=[sys.executable, "-c", WAITING_WORKLOAD],
         env={"OUT_FILE": str(tmp_path / "out"), "READY_FILE": str(ready)},
     )
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
         deadline = time.monotonic() + 30
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -279,7 +284,7 @@ def test_sigterm_while_waiting_for_peers_ends_the_bootstrap_at_once(
     tmp_path: Path, bus: Bus, moto_endpoint: str
 ) -> None:
     doc = a_document(tmp_path, bus, nodes=2)  # the other node never comes
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
         output = sigterm_once_it_prints(proc, "job job-7 attempt 3")
 
@@ -407,7 +412,7 @@ def test_the_local_cloud_can_override_the_master_address_and_port(tmp_path: Path
     instances = {i["AmiLaunchIndex"]: i for i in launch(ec2, count=2, job_id=job_id)}
     doc = a_document(tmp_path, bus, job_id=job_id, nodes=2)
     imds = FakeImds(
-        user_data=render_user_data(doc),
+        user_data=render_user_data(doc, bucket=BUCKET, region=REGION),
         instance_id=instances[1]["InstanceId"],
         launch_index=1,
         local_ipv4=instances[1]["PrivateIpAddress"],
@@ -552,7 +557,7 @@ def test_a_replacement_waits_before_starting_its_workload_and_starts_after_the_t
         ],
     )["Instances"][0]
     doc = a_document(tmp_path, bus, job_id=job_id, wait_for_attempt=2)
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", "--wait-timeout", "0.5")
 
     assert code == 0, output
@@ -579,7 +584,7 @@ def test_sigterm_while_waiting_for_the_interrupted_attempt_ends_the_bootstrap_at
         ],
     )
     doc = a_document(tmp_path, bus, job_id=job_id, wait_for_attempt=2)
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
         output = sigterm_once_it_prints(proc, "waiting up to 240s for attempt 2")
 
@@ -721,12 +726,20 @@ os.execve(command[0], command, {name: os.environ[name] for name in names})
 """
 
 
-def test_bash_runs_the_user_data_shell_part_as_is(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+def store_bootstrap(endpoint: str, body: bytes) -> None:
+    """What the launcher does before its first launch: the bundle at its key in the stack's bucket."""
+    s3 = boto3.client(
+        "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key=bootstrap_key(), Body=body)
+
+
+def run_the_shell_part(tmp_path: Path, moto_endpoint: str, doc: RunDocument) -> tuple[int, Path]:
     """cloud-init's view: the shell part alone, default (docker) runtime, a docker that runs no container."""
     script = tmp_path / "part-001.sh"
     log = tmp_path / "bootstrap.log"
-    script.write_text(bootstrap_script().replace(BOOTSTRAP_LOG, str(log)))
-    doc = a_document(tmp_path, bus, exit_code=5)
+    script.write_text(bootstrap_script(bucket=BUCKET, region=REGION).replace(BOOTSTRAP_LOG, str(log)))
     python_bin = str(Path(sys.executable).parent)
     fake_bin = a_fake_bin(tmp_path)
     (fake_bin / "docker").write_text(f"#!{sys.executable}\n{CONTAINERLESS_DOCKER}")
@@ -737,14 +750,41 @@ def test_bash_runs_the_user_data_shell_part_as_is(tmp_path: Path, bus: Bus, moto
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
     }
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = imds.endpoint
         done = subprocess.run(["bash", str(script)], env=env, timeout=60, check=False)
+    return done.returncode, log
 
-    assert done.returncode == 5, log.read_text()
+
+def test_bash_runs_the_user_data_shell_part_as_is(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+    """The loader fetches the stored bootstrap, checks it and runs it: the job's exit is reported."""
+    store_bootstrap(moto_endpoint, bootstrap_bundle())
+    doc = a_document(tmp_path, bus, exit_code=5)
+
+    returncode, log = run_the_shell_part(tmp_path, moto_endpoint, doc)
+
+    assert returncode == 5, log.read_text()
     seen = json.loads((tmp_path / "out.json").read_text())
     assert seen["argv"] == HOSTILE
     assert seen["env"]["TRICKY"] == "\n".join(HOSTILE)
     assert seen["env"]["GPUJOBS_INSTANCE_ID"] == INSTANCE_ID
     assert [e["exit_code"] for e in bus.exits()] == [5]
+    assert (tmp_path / "shutdown").read_text() == "-h now"
+
+
+def test_the_loader_refuses_a_bootstrap_swapped_in_s3_and_powers_off(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    """Whoever can write the bucket cannot run code on instances: user data pins the bundle's SHA-256."""
+    modules = json.loads(gzip.decompress(bootstrap_bundle()))
+    modules["gpujobs/instance/bootstrap.py"] += f"\nopen({str(tmp_path / 'pwned')!r}, 'w').close()\n"
+    store_bootstrap(moto_endpoint, gzip.compress(json.dumps(modules).encode()))
+    doc = a_document(tmp_path, bus, exit_code=5)
+
+    returncode, log = run_the_shell_part(tmp_path, moto_endpoint, doc)
+
+    assert returncode == contract.EXIT_BOOTSTRAP_FAILED
+    assert "refused" in log.read_text()
+    assert not (tmp_path / "out.json").exists()
+    assert not (tmp_path / "pwned").exists()
     assert (tmp_path / "shutdown").read_text() == "-h now"

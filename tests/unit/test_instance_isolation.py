@@ -44,6 +44,8 @@ from tests.unit.test_bootstrap import (  # the bootstrap's own fixtures: a moto 
 
 __all__ = ["bus", "moto_endpoint"]  # fixtures, re-exported for pytest
 
+BUCKET = "gpujobs-test-checkpoints"
+REGION = "us-east-1"
 HF_TOKEN = "hf_value_that_must_stay_on_the_instance_1234"
 WANDB_KEY = "wandb-value-that-must-stay-on-the-instance-5678"
 JOB_ROLE = "arn:aws:iam::123456789012:role/gpujobs-test-JobRole"
@@ -85,7 +87,7 @@ def ran_with_secrets(
     tmp_path: Path, bus: Bus, moto_endpoint: str, secret_refs: dict[str, str]
 ) -> tuple[dict[str, Any], str, bytes]:
     doc = a_document(tmp_path, bus, command=[sys.executable, "-c", WORKLOAD], secrets=secret_refs, **job_access())
-    user_data = render_user_data(doc)
+    user_data = render_user_data(doc, bucket=BUCKET, region=REGION)
     with FakeImds(user_data=user_data, instance_id=INSTANCE_ID) as imds:
         code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
     assert code == 0, output
@@ -132,7 +134,7 @@ def test_a_secret_the_job_cannot_read_fails_the_bootstrap_naming_it_without_a_va
     tmp_path: Path, bus: Bus, moto_endpoint: str
 ) -> None:
     doc = a_document(tmp_path, bus, secrets={"MISSING": "ssm:/gpujobs/vision/nope"}, **job_access())
-    with FakeImds(user_data=render_user_data(doc), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
 
     (exited,) = bus.exits()
@@ -154,7 +156,7 @@ def test_a_run_document_swapped_in_s3_after_launch_is_refused(tmp_path: Path, bu
     # When someone replaces the object before the instance boots
     swapped = a_document(tmp_path, bus, command=[sys.executable, "-c", "open('/tmp/pwned', 'w')"])
     s3.put_object(Bucket="rundocs", Key=key, Body=swapped.model_dump_json().encode())
-    with FakeImds(user_data=render_user_data(pointer), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(pointer, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", "--event-bus", bus.name)
 
     # Then the bootstrap refuses it, says why, and runs nothing
@@ -179,7 +181,7 @@ def test_a_refused_run_document_is_still_reported_as_its_attempts_exit(
     # When the object is swapped before the instance boots (and the bootstrap has no --event-bus)
     swapped = a_document(tmp_path, bus, command=[sys.executable, "-c", "open('/tmp/pwned', 'w')"])
     s3.put_object(Bucket="rundocs", Key=key, Body=swapped.model_dump_json().encode())
-    with FakeImds(user_data=render_user_data(pointer), instance_id=INSTANCE_ID) as imds:
+    with FakeImds(user_data=render_user_data(pointer, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
 
     # Then the refusal reaches the control plane as this attempt's exit, not only the instance's log

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import email
 import gzip
+import hashlib
+import json
 import random
 import string
 import sys
@@ -21,6 +23,8 @@ from gpujobs.instance.userdata import (
     MAX_USER_DATA_BYTES,
     UserDataError,
     UserDataTooLargeError,
+    bootstrap_bundle,
+    bootstrap_key,
     bootstrap_modules,
     bootstrap_script,
     parse_user_data,
@@ -28,6 +32,8 @@ from gpujobs.instance.userdata import (
     render_user_data,
 )
 
+BUCKET = "gpujobs-test-checkpoints"
+REGION = "us-east-1"
 HOSTILE = [
     "$(rm -rf /)",
     "`id`",
@@ -84,7 +90,7 @@ def shell_part(user_data: bytes) -> bytes:
 def test_hostile_command_and_env_come_back_as_the_same_literal_strings() -> None:
     doc = a_document(command=["python", *HOSTILE], env={f"V{i}": v for i, v in enumerate(HOSTILE)})
 
-    parsed = parse_user_data(render_user_data(doc))
+    parsed = parse_user_data(render_user_data(doc, bucket=BUCKET, region=REGION))
 
     assert parsed == doc
     assert isinstance(parsed, RunDocument)
@@ -95,12 +101,16 @@ def test_the_shell_part_is_byte_identical_for_different_jobs() -> None:
     quiet = a_document()
     hostile = a_document(job_id="other", command=HOSTILE, env={"X": "$(reboot)"})
 
-    assert shell_part(render_user_data(quiet)) == shell_part(render_user_data(hostile))
-    assert shell_part(render_user_data(quiet)).decode() == bootstrap_script()
+    assert shell_part(render_user_data(quiet, bucket=BUCKET, region=REGION)) == shell_part(
+        render_user_data(hostile, bucket=BUCKET, region=REGION)
+    )
+    assert shell_part(render_user_data(quiet, bucket=BUCKET, region=REGION)).decode() == bootstrap_script(
+        bucket=BUCKET, region=REGION
+    )
 
 
 def test_the_shell_part_holds_no_job_data_and_quotes_its_heredoc() -> None:
-    script = bootstrap_script()
+    script = bootstrap_script(bucket=BUCKET, region=REGION)
 
     assert "job-1" not in script
     assert f"- <<'{HEREDOC_DELIMITER}'\n" in script
@@ -111,7 +121,7 @@ def test_the_shell_part_holds_no_job_data_and_quotes_its_heredoc() -> None:
 def test_the_job_part_is_one_line_so_no_job_string_can_start_a_mime_or_heredoc_line() -> None:
     doc = a_document(command=HOSTILE, env={"X": "\n".join(HOSTILE)})
 
-    mime = render_mime(doc)
+    mime = render_mime(doc, bucket=BUCKET, region=REGION)
     json_part = mime.split('filename="run.json"\n\n', 1)[1]
 
     assert json_part.count("\n") == 2  # the JSON line, then the closing boundary line
@@ -119,10 +129,10 @@ def test_the_job_part_is_one_line_so_no_job_string_can_start_a_mime_or_heredoc_l
 
 
 def test_a_normal_document_fits_and_a_large_env_is_gzipped() -> None:
-    normal = render_user_data(a_document())
-    large_env = {f"K{i}": "x" * 200 for i in range(60)}  # 12 KB of compressible env
+    normal = render_user_data(a_document(), bucket=BUCKET, region=REGION)
+    large_env = {f"K{i}": "x" * 200 for i in range(90)}  # 18 KB of compressible env
 
-    packed = render_user_data(a_document(env=large_env))
+    packed = render_user_data(a_document(env=large_env), bucket=BUCKET, region=REGION)
 
     assert len(normal) <= MAX_USER_DATA_BYTES
     assert packed[:2] == b"\x1f\x8b"
@@ -132,21 +142,23 @@ def test_a_normal_document_fits_and_a_large_env_is_gzipped() -> None:
 
 def test_a_huge_document_raises_so_the_caller_can_use_a_pointer() -> None:
     rng = random.Random(7)
-    noise = "".join(rng.choice(string.ascii_letters) for _ in range(20_000))  # does not compress
+    noise = "".join(rng.choice(string.ascii_letters) for _ in range(30_000))  # does not compress
 
     with pytest.raises(UserDataTooLargeError) as raised:
-        render_user_data(a_document(env={"BLOB": noise}))
+        render_user_data(a_document(env={"BLOB": noise}), bucket=BUCKET, region=REGION)
 
     assert raised.value.size > MAX_USER_DATA_BYTES
     pointer = RunDocumentPointer.for_stored("s3://bucket/jobs/job-1/run-2.json", b'{"job_id": "job-1"}')
-    assert parse_user_data(render_user_data(pointer)) == pointer
+    assert parse_user_data(render_user_data(pointer, bucket=BUCKET, region=REGION)) == pointer
 
 
 def test_rendering_is_deterministic() -> None:
     big = a_document(env={f"K{i}": "x" * 200 for i in range(60)})
 
-    assert render_user_data(a_document()) == render_user_data(a_document())
-    assert render_user_data(big) == render_user_data(big)
+    assert render_user_data(a_document(), bucket=BUCKET, region=REGION) == render_user_data(
+        a_document(), bucket=BUCKET, region=REGION
+    )
+    assert render_user_data(big, bucket=BUCKET, region=REGION) == render_user_data(big, bucket=BUCKET, region=REGION)
 
 
 def test_user_data_without_a_run_document_is_an_error() -> None:
@@ -159,7 +171,7 @@ def test_user_data_without_a_run_document_is_an_error() -> None:
 def test_parse_accepts_text_and_bare_json() -> None:
     doc = a_document()
 
-    assert parse_user_data(render_mime(doc)) == doc
+    assert parse_user_data(render_mime(doc, bucket=BUCKET, region=REGION)) == doc
     assert parse_user_data(doc.model_dump_json()) == doc
 
 
@@ -265,12 +277,24 @@ def test_the_shipped_modules_keep_every_statement_on_its_line() -> None:
 def test_a_typical_document_leaves_room_for_what_the_bootstrap_is_still_to_learn() -> None:
     """A typical document renders to at most 13 KB of EC2's 16 KB of user data.
 
-    The bootstrap ships in every instance's user data; the rest of the 16 KB is the job's. A job whose
-    document does not fit in what is left is moved to S3 behind a pointer, which costs the launcher a
-    write and the instance a read. The budget was 12 KB until per-job credentials, secrets and signed
-    reports landed (the growth it was kept for); they bring a typical document to about 12.3 KB, so
-    the guard moved to 13 KB, which still leaves a job about 3 KB of compressed env and command.
-    Logs and EFA devices will not fit in what is left: they must move the bootstrap out of user data
-    (for example a stack object in S3, pinned by its SHA-256 in user data) rather than move this limit.
+    The rest of the 16 KB is the job's. A job whose document does not fit in what is left is moved to
+    S3 behind a pointer, which costs the launcher a write and the instance a read. The bootstrap
+    itself left user data when logs came (it had reached 12.6 KB gzipped): it is stored in S3 and
+    user data carries only a loader pinned to its SHA-256, which the next test keeps small.
     """
-    assert len(render_user_data(a_document())) <= 13 * 1024
+    assert len(render_user_data(a_document(), bucket=BUCKET, region=REGION)) <= 13 * 1024
+
+
+def test_user_data_carries_a_small_loader_pinned_to_the_stored_bootstrap_not_the_bootstrap() -> None:
+    """However the bootstrap grows, user data holds a 2.5 KB loader and the job: the job keeps 13.5 KB."""
+    script = bootstrap_script(bucket=BUCKET, region=REGION)
+    digest = hashlib.sha256(bootstrap_bundle()).hexdigest()
+
+    assert len(script.encode()) <= 2560
+    assert f'SHA256 = "{digest}"' in script
+    assert f'KEY = "{bootstrap_key()}"' in script
+    assert digest in bootstrap_key()
+    assert f'BUCKET = "{BUCKET}"' in script
+    assert "def rendezvous" not in script
+    assert json.loads(gzip.decompress(bootstrap_bundle())) == bootstrap_modules()
+    ast.parse(script.split(f"<<'{HEREDOC_DELIMITER}'\n", 1)[1].rsplit(HEREDOC_DELIMITER, 1)[0], feature_version=(3, 9))

@@ -111,6 +111,30 @@ def checkpoint_step_dir(step: int) -> str:
     return f"step-{step:08d}"
 
 
+# ---- job logs (CloudWatch Logs) ---------------------------------------------------------------
+JOB_LOG_GROUP_SUFFIX = "/jobs"
+"""The stack's job log group is `/gpujobs/<stack>/jobs` (template.yaml `JobLogGroup`)."""
+BOOTSTRAP_LOG_STREAM_SUFFIX = "/bootstrap"
+"""A node's bootstrap log is its workload stream's name plus this suffix."""
+BOOTSTRAP_OBJECT_PREFIX = "bootstrap/"
+"""Where in the stack's bucket the launcher stores the bootstrap (one object per content SHA-256)."""
+
+
+def job_log_group(stack: str) -> str:
+    """The log group every job's output goes to; IAM scopes the instance role's writes to it."""
+    return f"/gpujobs/{stack}{JOB_LOG_GROUP_SUFFIX}"
+
+
+def job_log_stream(job_id: str, attempt: int, node: int) -> str:
+    """`<job>/<attempt>/<node>`: one node's workload output (the container's stdout and stderr)."""
+    return f"{job_id}/{attempt}/{node}"
+
+
+def bootstrap_log_stream(job_id: str, attempt: int, node: int) -> str:
+    """`<job>/<attempt>/<node>/bootstrap`: that node's bootstrap log (pull, rendezvous, exit)."""
+    return job_log_stream(job_id, attempt, node) + BOOTSTRAP_LOG_STREAM_SUFFIX
+
+
 # ---- events ----------------------------------------------------------------------------------
 CONTROL_PLANE_SOURCE = "gpujobs"
 """What the control plane publishes on the stack's bus."""

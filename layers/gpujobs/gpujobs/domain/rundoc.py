@@ -54,6 +54,9 @@ class RunDocument(BaseModel):
     """Session tags (job id, team, attempt): the role's own policy is written against them."""
     secrets: dict[str, str] = Field(default_factory=dict)
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
+    log_group: str = ""
+    """The stack's job log group: each node's output and bootstrap log go there (`contract.job_log_stream`);
+    "" keeps them on the instance."""
 
 
 class RunDocumentPointer(BaseModel):

@@ -11,6 +11,9 @@ Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer checke
 this attempt and served on loopback (IMDS blocked for the container) -> image pull -> for a replacement,
 wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> workload (runtime
 `docker` or `process`; SIGTERM/SIGINT are forwarded) -> "Job Exited" on the event bus -> `shutdown -h now`.
+With a `log_group` in the document, this log and the workload's output also go to CloudWatch Logs,
+one stream each per node (`contract.job_log_stream`); lines logged before the rendezvous names the
+node are kept and sent then, and a bootstrap that fails before it uses its launch index as the node.
 Needs only Python 3.9+ and boto3 (a bare AMI). See docs/instance.md.
 """
 
@@ -26,14 +29,15 @@ import time
 from typing import Any
 
 from gpujobs.instance import aws
-from gpujobs.instance.contract import EXIT_BOOTSTRAP_FAILED, WORKLOAD_UID
+from gpujobs.instance.cloudwatch_logs import LogShipper
+from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRAP_FAILED, WORKLOAD_UID, job_log_stream
 from gpujobs.instance.credentials import JobCredentials
 from gpujobs.instance.errors import StoppedError
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
 from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.job_secrets import resolve_secrets
-from gpujobs.instance.log import log
+from gpujobs.instance.log import SINKS, log
 from gpujobs.instance.rendezvous import rendezvous
 from gpujobs.instance.report import exit_detail, publish_exit
 from gpujobs.instance.rundoc import load_document
@@ -100,7 +104,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> tuple[int, str]:
+def _run(
+    args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any], bootstrap_log: LogShipper
+) -> tuple[int, str]:
     imds = Imds()
     if args.user_data:
         with open(args.user_data, "rb") as f:
@@ -130,7 +136,7 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
     master = args.master_addr or master
     if args.master_port is not None:
         doc = {**doc, "master_port": args.master_port}
-    runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
+    runtime = _runtime(args, doc, rank=rank, region=state["region"], clients=clients, log_to=bootstrap_log)
     job_clients: aws.Clients = clients
     agent_env: dict[str, str] = {}
     private: dict[str, str] = {}
@@ -179,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stopper)
     state: dict[str, Any] = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")}
+    bootstrap_log = LogShipper(lambda: aws.client("logs", state["region"]))
+    SINKS.append(bootstrap_log.write)
     try:
-        code, message = _run(args, stopper, state)
+        code, message = _run(args, stopper, state, bootstrap_log)
         reason = "exited"
     except StoppedError as exc:
         code, reason, message = 128 + exc.signum, "bootstrap-failed", str(exc)
@@ -203,9 +211,35 @@ def main(argv: list[str] | None = None) -> int:
         publish_exit(lambda: aws.client("events", state["region"]), bus=str(bus), detail=detail)
     else:
         log("no event bus or region known: the exit is not published")
+    _close_bootstrap_log(bootstrap_log, state)
     if not args.no_shutdown:
         subprocess.run(["shutdown", "-h", "now"], check=False)
     return code
+
+
+def _runtime(
+    args: argparse.Namespace, doc: dict[str, Any], *, rank: int, region: str, clients: aws.Clients, log_to: LogShipper
+) -> Runtime:
+    """The runtime `args` name; with a log group, this node's output and this log are sent there."""
+    runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
+    if doc["log_group"]:
+        stream = job_log_stream(doc["job_id"], doc["attempt"], rank)
+        log_to.open(doc["log_group"], stream + BOOTSTRAP_LOG_STREAM_SUFFIX)
+        runtime.send_output_to(group=doc["log_group"], stream=stream, region=region, clients=clients)
+        log(f"the workload's output goes to CloudWatch Logs {doc['log_group']} {stream}")
+    return runtime
+
+
+def _close_bootstrap_log(bootstrap_log: LogShipper, state: dict[str, Any]) -> None:
+    """Send the rest of this log; a bootstrap that failed before its rendezvous sends it all now."""
+    SINKS.remove(bootstrap_log.write)
+    doc = state.get("doc")
+    if not bootstrap_log.stream and doc and doc["log_group"] and state.get("region"):
+        node = state.get("rank", state.get("launch_index", 0))
+        bootstrap_log.open(
+            doc["log_group"], job_log_stream(doc["job_id"], doc["attempt"], node) + BOOTSTRAP_LOG_STREAM_SUFFIX
+        )
+    bootstrap_log.close()
 
 
 if __name__ == "__main__":

@@ -51,3 +51,12 @@ LAST_COMMIT_REASONS = ("preempted", "final")
 def checkpoint_step_dir(step: int) -> str:
     """The folder name of the checkpoint taken at `step`."""
     return f"step-{step:08d}"
+
+
+BOOTSTRAP_LOG_STREAM_SUFFIX = "/bootstrap"
+"""A node's bootstrap log stream is its workload stream's name plus this suffix."""
+
+
+def job_log_stream(job_id: str, attempt: int, node: int) -> str:
+    """`<job>/<attempt>/<node>`: one node's workload output in the job log group."""
+    return f"{job_id}/{attempt}/{node}"

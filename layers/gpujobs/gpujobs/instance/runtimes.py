@@ -6,6 +6,11 @@ and `docker run` gets env names only (`-e NAME`), the values through its environ
 string is parsed by a shell or shown by `ps`. What is private (secret values, the credentials
 token) goes neither there nor on argv: docker reads it from a 0600 `--env-file`, a process gets it
 in its own environment only. Devices and mounts for the container belong in `DockerRuntime.start`.
+
+The workload's output goes to CloudWatch Logs once `send_output_to` names a stream: docker's own
+`awslogs` driver on EC2 (non-blocking, so a slow CloudWatch never stalls a training step's print;
+the daemon writes with the instance role), the bootstrap's `LogShipper` for a process, whose output
+is also echoed to the bootstrap's stdout as before.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from typing import Any
 
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
+from gpujobs.instance.cloudwatch_logs import LogShipper, pump
 from gpujobs.instance.contract import container_name
 from gpujobs.instance.errors import BootstrapError
 from gpujobs.instance.job_secrets import EnvFile
@@ -37,6 +44,10 @@ class Runtime:
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
         """Nothing to fetch by default."""
+
+    def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
+        """Ship the workload's stdout and stderr to CloudWatch Logs `group`/`stream` (before `start`)."""
+        raise NotImplementedError
 
     def start(self, doc: dict[str, Any], env: dict[str, str], private: dict[str, str] | None = None) -> None:
         """Start the workload with `env` and `private` (values that must stay off argv and logs)."""
@@ -75,6 +86,8 @@ class ProcessRuntime(Runtime):
     def __init__(self, entrypoint: list[str] | None = None) -> None:
         super().__init__()
         self.entrypoint = entrypoint or []
+        self.shipper: LogShipper | None = None
+        self._pump: threading.Thread | None = None
 
     CREDENTIALS = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"})
     """Passed through only when the job has no credentials of its own: an env key beats the endpoint."""
@@ -87,9 +100,33 @@ class ProcessRuntime(Runtime):
         full = {k: os.environ[k] for k in names if k in os.environ}
         full.update(env)
         full.update(private or {})
+        output = subprocess.PIPE if self.shipper else None  # None: the bootstrap's own stdout and stderr
         self.proc = subprocess.Popen(
-            [*self.entrypoint, *doc["command"]], env=full, stdin=subprocess.DEVNULL, start_new_session=True
+            [*self.entrypoint, *doc["command"]],
+            env=full,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT if self.shipper else None,
+            start_new_session=True,
         )
+        if self.shipper is not None:
+            assert self.proc.stdout is not None
+            copy = {"echo": sys.stdout.buffer, "shipper": self.shipper}
+            self._pump = threading.Thread(target=pump, args=(self.proc.stdout,), kwargs=copy, daemon=True)
+            self._pump.start()
+
+    def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
+        del region  # the client is already in the job's region
+        self.shipper = LogShipper(lambda: clients("logs"))
+        self.shipper.open(group, stream)
+
+    def wait(self) -> int:
+        code = super().wait()
+        if self._pump is not None:  # a process the workload left behind may hold the pipe: bounded
+            self._pump.join(timeout=5)
+        if self.shipper is not None:
+            self.shipper.close()
+        return code
 
     def stop(self, signum: int, timeout: int) -> None:
         self._signal(signum)
@@ -112,6 +149,7 @@ class DockerRuntime(Runtime):
         self.name = ""
         self.user: int | None = None
         self.env_file: EnvFile | None = None
+        self.log_options: list[str] = []
 
     def block_imds(self, uid: int, iptables: str = "iptables") -> None:
         """Refuse the instance metadata service to `uid`, and run the container as that uid.
@@ -151,6 +189,7 @@ class DockerRuntime(Runtime):
         argv += ["--gpus", "all"] if doc["gpus_per_node"] > 0 else []
         argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
         argv += ["--user", f"{self.user}:{self.user}"] if self.user is not None else []
+        argv += self.log_options
         if private:
             self.env_file = EnvFile(private)
             argv += ["--env-file", self.env_file.path]
@@ -159,6 +198,12 @@ class DockerRuntime(Runtime):
         self.proc = subprocess.Popen(
             [*argv, doc["image"], *doc["command"]], env={**os.environ, **env}, stdin=subprocess.DEVNULL
         )
+
+    def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
+        del clients  # the daemon writes with the instance role's credentials
+        options = [f"awslogs-region={region}", f"awslogs-group={group}", f"awslogs-stream={stream}"]
+        options += ["mode=non-blocking", "max-buffer-size=16m"]
+        self.log_options = ["--log-driver", "awslogs", *(a for o in options for a in ("--log-opt", o))]
 
     def wait(self) -> int:
         try:

@@ -1,21 +1,24 @@
-"""EC2 user data for a training instance: a fixed shell part plus the run document as JSON.
+"""EC2 user data for a training instance: a fixed shell part that loads the bootstrap, plus the run document.
 
-The shell part is the same bytes for every job. It carries the bootstrap, the modules of this
-package, as plain files: each is written out through a heredoc with a quoted delimiter, so the shell
-expands nothing, and python3 then runs `gpujobs.instance.bootstrap` from them. The job travels only
-in the `application/json` part (`run.json`), written as one line of ASCII JSON: no job string can
-start a line, so none can close a MIME part or a heredoc. The bootstrap reads that part back from
-IMDS as data.
+The bootstrap (the modules of this package but this one) does not travel in user data: EC2 allows
+16 KB of it, and the bootstrap alone, gzipped, came to 12.6 KB, leaving a job too little room and
+the bootstrap none to grow (CloudWatch Logs, EFA devices). The launcher stores it once per content
+in the stack's bucket (`bootstrap_bundle()` at `bootstrap_key()`, which names its SHA-256), and the
+shell part carries only a loader pinned to that digest: python3 reads the object with the instance
+role (which may only read `bootstrap/*`), refuses it and powers off unless its SHA-256 is the one
+user data names, then writes the modules out and runs `gpujobs.instance.bootstrap`. Only the
+launcher writes user data, so an object swapped in S3 after launch is never run. The loader is one
+heredoc with a quoted delimiter, so the shell expands nothing.
 
-Why plain files in one gzip stream and not a zip: EC2 takes at most 16384 bytes of raw user data,
-and the MIME document is gzipped as a whole (cloud-init and the bootstrap both accept gzip). Text
-compresses best in that one stream; a zip compresses each module alone and its base64 does not
-compress again (the modules as a base64 zip came to 17 KB, over the limit). Docstrings are for
-readers of this repository, so the shipped copy leaves them out, keeping line numbers.
-When even gzip does not fit, `render_user_data` raises `UserDataTooLargeError`: store the document
-in S3 and render a `RunDocumentPointer` instead.
+The job travels only in the `application/json` part (`run.json`), written as one line of ASCII JSON:
+no job string can start a line, so none can close a MIME part or the heredoc. The bootstrap reads
+that part back from IMDS as data. The shell part is the same bytes for every job of one stack and
+bootstrap version. A document too large for user data makes `render_user_data` raise
+`UserDataTooLargeError`: store it in S3 and render a `RunDocumentPointer` instead.
 
-Cheap to import (the launch Lambda does): stdlib, gpujobs.domain and the stdlib-only `rundoc`.
+Docstrings are for readers of this repository, so the stored bundle leaves them out, keeping line
+numbers. Cheap to import (the launch Lambda does): stdlib, gpujobs.domain, the contract and the
+stdlib-only `rundoc`.
 """
 
 from __future__ import annotations
@@ -23,19 +26,21 @@ from __future__ import annotations
 import ast
 import functools
 import gzip
+import hashlib
 import io
 import json
 import tokenize
 from pathlib import Path
 
+from gpujobs.contract import BOOTSTRAP_OBJECT_PREFIX
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.instance.contract import EXIT_BOOTSTRAP_FAILED
 from gpujobs.instance.errors import BootstrapError
 from gpujobs.instance.rundoc import extract_run_json, is_pointer
 
 MAX_USER_DATA_BYTES = 16384
 """EC2's limit on raw user data, before base64 encoding."""
 HEREDOC_DELIMITER = "GPUJOBS_BOOTSTRAP_EOF"
-MODULE_DELIMITER = "GPUJOBS_MODULE_EOF"
 BOOTSTRAP_LOG = "/var/log/gpujobs-bootstrap.log"
 NOT_BUNDLED = frozenset({"userdata.py"})
 """Modules of gpujobs.instance that stay in the Lambda: everything else runs on the instance."""
@@ -55,15 +60,37 @@ if [ -z "$PY" ]; then
   PY=python3
   dnf -y install python3-boto3 || (apt-get update && apt-get -y install python3-boto3) || python3 -m pip install boto3
 fi
-# The program: the gpujobs.instance package, one file per module.
-BUNDLE=$(mktemp -d -t gpujobs-bootstrap.XXXXXX)
-mkdir -p "$BUNDLE/gpujobs/instance"
-"""
-_SHELL_EPILOGUE = f"""# python3 reading its program from stdin imports from the current directory.
-cd "$BUNDLE"
+# The loader: fetch the bootstrap the launcher stored, run it only if its SHA-256 is the one pinned here.
 exec "$PY" - <<'{HEREDOC_DELIMITER}'
-import sys
+"""
+_LOADER = f"""
+import gzip, hashlib, json, os, subprocess, sys, tempfile, time
 
+import boto3
+
+
+def fetch():
+    s3 = boto3.client("s3", region_name=REGION)
+    for attempt in range(5):
+        try:
+            return s3.get_object(Bucket=BUCKET, Key=KEY)["Body"].read()
+        except Exception as exc:
+            print("gpujobs-loader: cannot read s3://%s/%s: %s" % (BUCKET, KEY, exc), flush=True)
+            time.sleep(2**attempt)
+    return b""
+
+
+body = fetch()
+if hashlib.sha256(body).hexdigest() != SHA256:
+    print("gpujobs-loader: s3://%s/%s is not the bootstrap with SHA-256 %s: refused" % (BUCKET, KEY, SHA256), flush=True)
+    subprocess.run(["shutdown", "-h", "now"], check=False)
+    sys.exit({EXIT_BOOTSTRAP_FAILED})
+root = tempfile.mkdtemp(prefix="gpujobs-bootstrap.")
+for name, code in json.loads(gzip.decompress(body)).items():
+    os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+    with open(os.path.join(root, name), "w", encoding="ascii") as module:
+        module.write(code)
+sys.path.insert(0, root)
 from gpujobs.instance.bootstrap import main
 
 sys.exit(main())
@@ -115,14 +142,24 @@ def bootstrap_modules() -> dict[str, str]:
 
 
 @functools.cache
-def bootstrap_script() -> str:
-    """The fixed shell part: identical for every job."""
-    files = []
-    for name, code in bootstrap_modules().items():
-        if {HEREDOC_DELIMITER, MODULE_DELIMITER} & set(code.splitlines()):
-            raise AssertionError(f"{name} must not hold a heredoc delimiter on a line of its own")
-        files.append(f"""cat >"$BUNDLE/{name}" <<'{MODULE_DELIMITER}'\n{code.rstrip()}\n{MODULE_DELIMITER}\n""")
-    return _SHELL_PROLOGUE + "".join(files) + _SHELL_EPILOGUE
+def bootstrap_bundle() -> bytes:
+    """The object the launcher stores: the modules as one gzipped JSON object (deterministic bytes)."""
+    modules = json.dumps(bootstrap_modules(), ensure_ascii=True, sort_keys=True, separators=(",", ":"))
+    return gzip.compress(modules.encode("ascii"), compresslevel=9, mtime=0)
+
+
+def bootstrap_key() -> str:
+    """Where in the stack's bucket the bundle is stored: named by its SHA-256, so never overwritten."""
+    return f"{BOOTSTRAP_OBJECT_PREFIX}{hashlib.sha256(bootstrap_bundle()).hexdigest()}.json.gz"
+
+
+@functools.cache
+def bootstrap_script(*, bucket: str, region: str) -> str:
+    """The fixed shell part: the loader of the bundle stored in `bucket`, pinned to its SHA-256."""
+    pins = {"REGION": region, "BUCKET": bucket, "KEY": bootstrap_key()}
+    pins["SHA256"] = hashlib.sha256(bootstrap_bundle()).hexdigest()
+    constants = "".join(f"{name} = {json.dumps(value)}\n" for name, value in pins.items())
+    return _SHELL_PROLOGUE + constants + _LOADER
 
 
 def _part(content_type: str, filename: str, body: str) -> str:
@@ -133,8 +170,8 @@ def _part(content_type: str, filename: str, body: str) -> str:
     )
 
 
-def render_mime(doc: RunDocument | RunDocumentPointer) -> str:
-    """The uncompressed MIME multipart user data (ASCII).
+def render_mime(doc: RunDocument | RunDocumentPointer, *, bucket: str, region: str) -> str:
+    """The uncompressed MIME multipart user data (ASCII), loading the bootstrap stored in `bucket`.
 
     Fields at their defaults are left out (the bootstrap fills the same defaults), so a job pays in
     user data only for the features it uses.
@@ -144,19 +181,20 @@ def render_mime(doc: RunDocument | RunDocumentPointer) -> str:
     )
     return (
         f'Content-Type: multipart/mixed; boundary="{_BOUNDARY}"\nMIME-Version: 1.0\n\n'
-        + _part("text/x-shellscript", "gpujobs-bootstrap.sh", bootstrap_script())
+        + _part("text/x-shellscript", "gpujobs-bootstrap.sh", bootstrap_script(bucket=bucket, region=region))
         + _part("application/json", "run.json", payload)
         + f"--{_BOUNDARY}--\n"
     )
 
 
-def render_user_data(doc: RunDocument | RunDocumentPointer) -> bytes:
-    """Raw user data (not base64): MIME, gzipped when that is what fits.
+def render_user_data(doc: RunDocument | RunDocumentPointer, *, bucket: str, region: str) -> bytes:
+    """Raw user data (not base64): MIME, gzipped when that is what fits; the bundle (`bootstrap_bundle`)
+    must be stored at `bootstrap_key()` in `bucket` before an instance boots with it.
 
     `ec2.run_instances(UserData=...)` base64-encodes bytes itself; launch template data needs
     `base64.b64encode(...)` by the caller. Raises UserDataTooLargeError when even gzip does not fit.
     """
-    mime = render_mime(doc).encode("ascii")
+    mime = render_mime(doc, bucket=bucket, region=region).encode("ascii")
     if len(mime) <= MAX_USER_DATA_BYTES:
         return mime
     packed = gzip.compress(mime, compresslevel=9, mtime=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 import boto3
 from botocore.config import Config
@@ -26,6 +26,7 @@ from gpujobs.adapters.prices import packaged_on_demand_prices
 from gpujobs.adapters.s3 import S3BlobStore
 from gpujobs.adapters.secrets import SecretsClient, StackSecretReportKeys
 from gpujobs.adapters.teams import SsmTeamConfig
+from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.runtime.settings import Need, Settings
 from gpujobs.service.jobs import JobService, LaunchConfig
 
@@ -76,10 +77,27 @@ def client(service: AwsService, settings: Settings) -> BaseClient:
     return boto3.client(service, region_name=settings.region, config=_CONFIG)
 
 
-def render_user_data_lazily(doc: Any) -> str | bytes:
-    from gpujobs.instance.userdata import render_user_data
+class StoredBootstrapUserData:
+    """Renders user data whose loader runs the bootstrap stored in the stack's bucket.
 
-    return render_user_data(doc)
+    The bundle is stored (conditionally, once per content) before the first user data that names it
+    leaves this container. `gpujobs.instance.userdata` is imported on first use: rendering is a
+    launch's business, not the cold start's.
+    """
+
+    def __init__(self, blobs: S3BlobStore, *, bucket: str, region: str) -> None:
+        self._blobs = blobs
+        self._bucket = bucket
+        self._region = region
+        self._stored = False
+
+    def __call__(self, doc: RunDocument | RunDocumentPointer) -> bytes:
+        from gpujobs.instance.userdata import bootstrap_bundle, bootstrap_key, render_user_data
+
+        if not self._stored:
+            self._blobs.put_once(bootstrap_key(), bootstrap_bundle())
+            self._stored = True
+        return render_user_data(doc, bucket=self._bucket, region=self._region)
 
 
 def build_job_service(settings: Settings) -> JobService:
@@ -87,6 +105,7 @@ def build_job_service(settings: Settings) -> JobService:
     # environment when they are imported; wiring must not create its logger and metrics earlier.
     from gpujobs.runtime.observability import count_record_too_large
 
+    blobs = S3BlobStore(client=client("s3", settings), bucket=settings.checkpoint_bucket)
     return JobService(
         store=DynamoJobStore(
             table_name=settings.table_name, client=client("dynamodb", settings), on_too_large=count_record_too_large
@@ -99,7 +118,7 @@ def build_job_service(settings: Settings) -> JobService:
             stack_name=settings.stack_name,
         ),
         publisher=EventBridgePublisher(client=client("events", settings), bus_name=settings.event_bus_name),
-        blobs=S3BlobStore(client=client("s3", settings), bucket=settings.checkpoint_bucket),
+        blobs=blobs,
         clock=SystemClock(),
         config=LaunchConfig(
             checkpoint_bucket=settings.checkpoint_bucket,
@@ -108,8 +127,9 @@ def build_job_service(settings: Settings) -> JobService:
             allowed_instance_types=settings.allowed_instance_types,
             priced_instance_types=frozenset(packaged_on_demand_prices()),
             job_role_arn=settings.job_role_arn,
+            job_log_group=settings.job_log_group,
         ),
-        render_user_data=render_user_data_lazily,
+        render_user_data=StoredBootstrapUserData(blobs, bucket=settings.checkpoint_bucket, region=settings.region),
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),
         alarms=CloudWatchIdleAlarms(client=client("cloudwatch", settings), stack_name=settings.stack_name),
         report_keys=report_keys(settings),

@@ -56,6 +56,8 @@ class Settings:
     report_secret_arn: str = ""
     job_role_arn: str = ""
     """The role the instances assume for each job's container (template.yaml `JobRole`)."""
+    job_log_group: str = ""
+    """The log group of jobs' output (template.yaml `JobLogGroup`); empty: output stays on the instances."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -80,4 +82,5 @@ class Settings:
             teams_parameter=env.get("TEAMS_PARAMETER", "").strip(),
             report_secret_arn=env.get("REPORT_SECRET_ARN", ""),
             job_role_arn=env.get("JOB_ROLE_ARN", ""),
+            job_log_group=env.get("JOB_LOG_GROUP", ""),
         )

@@ -81,6 +81,7 @@ class LaunchConfig:
     """Types with a known price; a spec with `max_cost_usd` over any other type is refused."""
     job_role_arn: str = ""
     """Named in every run document: the role the bootstrap assumes for the container (none: the instance's)."""
+    job_log_group: str = ""
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,7 @@ class JobService:
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
             report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
             secrets=dict(spec.secrets),
+            log_group=self.config.job_log_group,
             **self._job_access(job, attempt),
         )
         try:
