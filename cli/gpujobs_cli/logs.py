@@ -111,10 +111,10 @@ class JobLogs:
         lines: list[LogLine] = []
         while True:
             ask: dict[str, Any] = {"logGroupName": self.group, "logStreamName": stream, "startFromHead": True}
+            if since is not None:  # on every page: the token alone is read against it (moto)
+                ask["startTime"] = int(since.timestamp() * 1000)
             if token is not None:
                 ask["nextToken"] = token
-            elif since is not None:
-                ask["startTime"] = int(since.timestamp() * 1000)
             page = self.client.get_log_events(**ask)
             lines += [_line(event) for event in page["events"]]
             forward: str = page["nextForwardToken"]
