@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpujobs.contract import CHECKPOINT_COMMITTED
+from gpujobs.contract import CHECKPOINT_COMMITTED, job_log_stream
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
@@ -200,6 +200,14 @@ class Demo:
             "seconds_warning_to_resumed": round(warning_to_resumed, 1),
             "accuracy": result.get("accuracy"),
             "total_seconds": round(self.story.elapsed(), 1),
+            "logs": {  # what `gpujobs logs JOB [--attempt N] [--node K]` reads, while the cloud runs
+                "log_group": self.session.cloud.outputs["JobLogGroupName"],
+                "streams": [
+                    job_log_stream(job.job_id, attempt.number, node)
+                    for attempt in job.attempts
+                    for node in range(len(attempt.instance_ids))
+                ],
+            },
         }
 
 

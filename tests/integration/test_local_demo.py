@@ -28,5 +28,7 @@ def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
     assert second["start_step"] == first["end_step"]  # resumed exactly where the preempted save was made
     assert summary["steps_lost"] <= 1
     assert first["end_step"] in summary["checkpoint_steps"]
+    assert summary["logs"]["log_group"] == "/gpujobs/gpujobs-local/jobs"
+    assert summary["logs"]["streams"] == [f"{summary['job_id']}/{a['attempt']}/0" for a in (first, second)]
     instance_logs = list(tmp_path.rglob("bootstrap.log"))
     assert len(instance_logs) == 2  # two instances ran, nothing else was launched
