@@ -13,6 +13,7 @@ Run: `python bench/control_plane_bench.py [--repeat N] [--json]`.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -145,7 +146,7 @@ def warm_cost(repeat: int) -> dict[str, Any]:
         blobs=InMemoryBlobStore(),
         clock=FixedClock(),
         config=LaunchConfig(checkpoint_bucket="b", event_bus_name="bus", region="us-east-1"),
-        render_user_data=render_user_data,
+        render_user_data=functools.partial(render_user_data, bucket="b", region="us-east-1"),
         budgets=InMemoryBudgetBook(),
         alarms=InMemoryIdleAlarms(),
         report_keys=FixedReportKeys(),
