@@ -87,7 +87,14 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "env": {"LR": "0.1"},
         "report_key": "00" * 32,
     }
-    env = container_env(doc, rank=1, master_addr="10.0.0.1", instance_id="i-0123456789abcdef0", region="us-east-1")
+    env = container_env(
+        doc,
+        rank=1,
+        master_addr="10.0.0.1",
+        instance_id="i-0123456789abcdef0",
+        region="us-east-1",
+        output_dir="/var/lib/gpujobs/outputs",
+    )
     assert sorted(k for k in env if k.startswith("GPUJOBS_")) == sorted(contract.WORKLOAD_ENV)
 
 

@@ -98,6 +98,7 @@ WORKLOAD_ENV = (
     "GPUJOBS_INSTANCE_ID",
     "GPUJOBS_RESUME_FROM_STEP",
     "GPUJOBS_REPORT_KEY",
+    "GPUJOBS_OUTPUT_DIR",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
 CHECKPOINT_COMMIT_FILE = "COMMIT.json"
@@ -109,6 +110,20 @@ LAST_COMMIT_REASONS = ("preempted", "final")
 def checkpoint_step_dir(step: int) -> str:
     """`step-NNNNNNNN`: the folder of the checkpoint taken at `step` (eight digits sort like numbers)."""
     return f"step-{step:08d}"
+
+
+# ---- the job's outputs (artifacts) -------------------------------------------------------------
+OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
+"""The workload's folder for what outlives the job: the bootstrap uploads it to `outputs_prefix`."""
+OUTPUT_UPLOAD_REQUEST_FILE = ".gpujobs-upload-now"
+"""Created in that folder to ask for an upload before the job ends; the bootstrap removes it, never uploads it."""
+OUTPUTS_PREFIX = "outputs/"
+"""Where outputs go in the stack's bucket: outside `jobs/`, so the checkpoints' expiry rule never reaches them."""
+
+
+def outputs_prefix(job_id: str) -> str:
+    """`outputs/<job-id>/`: node 0's files at its root, node K's (K > 0) under `node-K/` (docs/cli.md)."""
+    return f"{OUTPUTS_PREFIX}{job_id}/"
 
 
 # ---- events ----------------------------------------------------------------------------------

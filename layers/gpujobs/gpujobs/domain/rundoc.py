@@ -54,6 +54,9 @@ class RunDocument(BaseModel):
     """Session tags (job id, team, attempt): the role's own policy is written against them."""
     secrets: dict[str, str] = Field(default_factory=dict)
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
+    outputs_uri: str = ""
+    """s3://bucket/outputs/<job_id>/: where the bootstrap uploads the workload's output folder
+    (`gpujobs.instance.outputs`); "" gives the workload no output folder."""
 
 
 class RunDocumentPointer(BaseModel):

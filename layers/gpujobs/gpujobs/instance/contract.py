@@ -26,6 +26,10 @@ REPORT_SIGNATURE_SCHEME = "gpujobs-report-v1"
 """The first element of the canonical form a report's signature covers."""
 REPORT_KEY_ENV = "GPUJOBS_REPORT_KEY"
 """The workload's variable holding its attempt's report key, so the trainer signs its reports too."""
+OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
+"""The workload's variable naming its output folder, which the bootstrap uploads (outputs.py)."""
+OUTPUT_UPLOAD_REQUEST_FILE = ".gpujobs-upload-now"
+"""A file the workload creates in that folder to ask for an upload now; removed, never uploaded."""
 EXIT_BOOTSTRAP_FAILED = 127
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 

@@ -43,6 +43,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "session_policy": (str, ""),
     "session_tags": (dict, {}),
     "secrets": (dict, {}),
+    "outputs_uri": (str, ""),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 

@@ -6,6 +6,8 @@ and `docker run` gets env names only (`-e NAME`), the values through its environ
 string is parsed by a shell or shown by `ps`. What is private (secret values, the credentials
 token) goes neither there nor on argv: docker reads it from a 0600 `--env-file`, a process gets it
 in its own environment only. Devices and mounts for the container belong in `DockerRuntime.start`.
+The job's output folder (`outputs_folder`) is a fresh host folder: docker mounts it into the
+container at `OUTPUTS_IN_CONTAINER`; a process gets the host path.
 """
 
 from __future__ import annotations
@@ -17,16 +19,20 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from typing import Any
 
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
-from gpujobs.instance.contract import container_name
+from gpujobs.instance.contract import WORKLOAD_UID, container_name
 from gpujobs.instance.errors import BootstrapError
 from gpujobs.instance.job_secrets import EnvFile
 
 _ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?=/)")
+HOST_DATA_DIR = "/var/lib/gpujobs"
+"""Where docker's output folders live on the instance: the root volume (/tmp may be held in memory)."""
+OUTPUTS_IN_CONTAINER = "/var/lib/gpujobs/outputs"
 
 
 class Runtime:
@@ -37,6 +43,11 @@ class Runtime:
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
         """Nothing to fetch by default."""
+
+    def outputs_folder(self) -> tuple[str, str]:
+        """A new folder on this host for the workload's outputs, and its path as the workload sees it."""
+        folder = tempfile.mkdtemp(prefix="gpujobs-outputs-")
+        return folder, folder
 
     def start(self, doc: dict[str, Any], env: dict[str, str], private: dict[str, str] | None = None) -> None:
         """Start the workload with `env` and `private` (values that must stay off argv and logs)."""
@@ -112,6 +123,7 @@ class DockerRuntime(Runtime):
         self.name = ""
         self.user: int | None = None
         self.env_file: EnvFile | None = None
+        self.mounts: list[str] = []
 
     def block_imds(self, uid: int, iptables: str = "iptables") -> None:
         """Refuse the instance metadata service to `uid`, and run the container as that uid.
@@ -140,6 +152,14 @@ class DockerRuntime(Runtime):
         if doc["gpus_per_node"] > 0 and cloudwatch_agent_installed():
             start_cloudwatch_agent()
 
+    def outputs_folder(self) -> tuple[str, str]:
+        """Owned by the image's user (WORKLOAD_UID), bind-mounted at OUTPUTS_IN_CONTAINER."""
+        os.makedirs(HOST_DATA_DIR, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="outputs-", dir=HOST_DATA_DIR)
+        os.chown(folder, WORKLOAD_UID, WORKLOAD_UID)
+        self.mounts.append(f"type=bind,src={folder},dst={OUTPUTS_IN_CONTAINER}")
+        return folder, OUTPUTS_IN_CONTAINER
+
     def _docker(self, *args: str, stdin: str = "") -> None:
         done = subprocess.run([self.docker, *args], input=stdin.encode(), capture_output=True, check=False)
         if done.returncode != 0:
@@ -151,6 +171,8 @@ class DockerRuntime(Runtime):
         argv += ["--gpus", "all"] if doc["gpus_per_node"] > 0 else []
         argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
         argv += ["--user", f"{self.user}:{self.user}"] if self.user is not None else []
+        for mount in self.mounts:
+            argv += ["--mount", mount]
         if private:
             self.env_file = EnvFile(private)
             argv += ["--env-file", self.env_file.path]
