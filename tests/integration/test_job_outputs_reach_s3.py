@@ -21,7 +21,7 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
-from gpujobs.contract import OUTPUT_UPLOAD_REQUEST_FILE
+from gpujobs.contract import OUTPUT_UNSENT_PREFIX, OUTPUT_UPLOAD_REQUEST_FILE
 from gpujobs.domain.job_access import outputs_uri
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.instance import bootstrap
@@ -100,6 +100,19 @@ def test_nothing_outside_the_folder_is_uploaded_through_a_link(tmp_path: Path, s
     outputs.upload()
 
     assert keys(s3) == {"outputs/j-7/model.bin": b"\x00weights"}
+
+
+def test_files_still_being_written_and_the_request_itself_are_never_uploaded(tmp_path: Path, s3: Any) -> None:
+    outputs = outputs_in(tmp_path / "out", s3)
+    (tmp_path / "out" / "sub").mkdir()
+    (tmp_path / "out" / f"{OUTPUT_UNSENT_PREFIX}model.safetensors").write_bytes(b"half of it")
+    (tmp_path / "out" / "sub" / f"{OUTPUT_UNSENT_PREFIX}log.txt").write_text("half")
+    (tmp_path / "out" / OUTPUT_UPLOAD_REQUEST_FILE).touch()
+    (tmp_path / "out" / "done.txt").write_text("whole")
+
+    outputs.upload()
+
+    assert keys(s3) == {"outputs/j-7/done.txt": b"whole"}
 
 
 def test_a_request_uploads_while_the_job_runs_and_the_end_uploads_the_rest(tmp_path: Path, s3: Any) -> None:

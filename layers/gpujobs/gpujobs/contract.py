@@ -115,8 +115,11 @@ def checkpoint_step_dir(step: int) -> str:
 # ---- the job's outputs (artifacts) -------------------------------------------------------------
 OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
 """The workload's folder for what outlives the job: the bootstrap uploads it to `outputs_prefix`."""
-OUTPUT_UPLOAD_REQUEST_FILE = ".gpujobs-upload-now"
-"""Created in that folder to ask for an upload before the job ends; the bootstrap removes it, never uploads it."""
+OUTPUT_UNSENT_PREFIX = ".gpujobs-"
+"""Files in that folder whose names start with it are never uploaded: requests, and files being
+written (the trainer writes `.gpujobs-<name>`, then renames it to `<name>`)."""
+OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
+"""Created in that folder to ask for an upload before the job ends; the bootstrap removes it."""
 OUTPUTS_PREFIX = "outputs/"
 """Where outputs go in the stack's bucket: outside `jobs/`, so the checkpoints' expiry rule never reaches them."""
 

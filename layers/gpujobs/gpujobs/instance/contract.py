@@ -28,8 +28,10 @@ REPORT_KEY_ENV = "GPUJOBS_REPORT_KEY"
 """The workload's variable holding its attempt's report key, so the trainer signs its reports too."""
 OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
 """The workload's variable naming its output folder, which the bootstrap uploads (outputs.py)."""
-OUTPUT_UPLOAD_REQUEST_FILE = ".gpujobs-upload-now"
-"""A file the workload creates in that folder to ask for an upload now; removed, never uploaded."""
+OUTPUT_UNSENT_PREFIX = ".gpujobs-"
+"""Names in that folder that are never uploaded: the request below, and files still being written."""
+OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
+"""A file the workload creates in that folder to ask for an upload now; the bootstrap removes it."""
 EXIT_BOOTSTRAP_FAILED = 127
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 

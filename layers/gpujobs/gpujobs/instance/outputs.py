@@ -8,7 +8,9 @@ end, the workload asks for an upload by creating `OUTPUT_UPLOAD_REQUEST_FILE` in
 uploads. Node 0 uploads to the document's `outputs_uri`, node K > 0 under `node-K/` in it.
 
 An upload sends each regular file whose (size, mtime) differs from what this node sent last, so
-asking twice sends nothing twice; it adds and overwrites objects, never deletes one. The workload
+asking twice sends nothing twice; it adds and overwrites objects, never deletes one. Names starting
+with `OUTPUT_UNSENT_PREFIX` are never sent: the request, and files being written under a temporary
+name (renamed once complete), which would otherwise stay in S3 beside the finished file. The workload
 owns the folder and the bootstrap runs as root, so nothing is followed out of it: `os.fwalk` never
 enters a symlinked folder (and notices one swapped in), each file is opened with O_NOFOLLOW and must
 be a regular file with a single link (a hard link could name a file outside the folder).
@@ -21,7 +23,7 @@ import stat
 import threading
 
 from gpujobs.instance.aws import Clients
-from gpujobs.instance.contract import OUTPUT_UPLOAD_REQUEST_FILE
+from gpujobs.instance.contract import OUTPUT_UNSENT_PREFIX, OUTPUT_UPLOAD_REQUEST_FILE
 from gpujobs.instance.log import log
 
 
@@ -42,9 +44,9 @@ class Outputs:
         for top, _, names, top_fd in os.fwalk(self.folder):
             relative = os.path.relpath(top, self.folder).replace(os.sep, "/")
             for name in names:
-                key = self.prefix + ("" if relative == "." else relative + "/") + name
-                if name == OUTPUT_UPLOAD_REQUEST_FILE and relative == ".":
+                if name.startswith(OUTPUT_UNSENT_PREFIX):
                     continue
+                key = self.prefix + ("" if relative == "." else relative + "/") + name
                 try:
                     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=top_fd)
                 except OSError:
