@@ -24,9 +24,11 @@ from moto.server import ThreadedMotoServer
 from gpujobs.contract import OUTPUT_UNSENT_PREFIX, OUTPUT_UPLOAD_REQUEST_FILE
 from gpujobs.domain.job_access import outputs_uri
 from gpujobs.domain.rundoc import RunDocument
-from gpujobs.instance import bootstrap
+from gpujobs.instance import bootstrap, rundoc, runtimes
+from gpujobs.instance.contract import WORKLOAD_UID
 from gpujobs.instance.outputs import Outputs
 from gpujobs.instance.userdata import render_user_data
+from gpujobs_trainer.outputs import upload_and_wait
 from tests.unit.fake_imds import FakeImds
 
 pytestmark = pytest.mark.integration
@@ -124,10 +126,23 @@ def test_a_request_uploads_while_the_job_runs_and_the_end_uploads_the_rest(tmp_p
             time.sleep(0.05)
 
         assert keys(s3) == {"outputs/j-7/epoch-1.txt": b"loss 0.5"}
-        assert not (tmp_path / "out" / OUTPUT_UPLOAD_REQUEST_FILE).exists()
         (tmp_path / "out" / "epoch-2.txt").write_text("loss 0.4")
 
     assert set(keys(s3)) == {"outputs/j-7/epoch-1.txt", "outputs/j-7/epoch-2.txt"}
+
+
+def test_a_workload_that_waits_for_its_request_finds_everything_it_wrote_in_s3(tmp_path: Path, s3: Any) -> None:
+    folder = tmp_path / "out"
+    with outputs_in(folder, s3, poll=0.05):
+        (folder / "model.safetensors").write_bytes(b"weights")
+
+        assert upload_and_wait(folder, timeout=10, poll=0.01)
+        assert keys(s3) == {"outputs/j-7/model.safetensors": b"weights"}
+        assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
+
+
+def test_waiting_where_no_bootstrap_serves_the_folder_gives_up_after_the_timeout(tmp_path: Path) -> None:
+    assert not upload_and_wait(tmp_path, timeout=0.1, poll=0.01)
 
 
 def test_an_upload_that_fails_is_logged_and_never_raises(tmp_path: Path, s3: Any, capsys: Any) -> None:
@@ -138,6 +153,43 @@ def test_an_upload_that_fails_is_logged_and_never_raises(tmp_path: Path, s3: Any
         pass
 
     assert "upload to s3://no-such-bucket/outputs/j-7/ failed" in capsys.readouterr().out
+
+
+def test_docker_mounts_a_fresh_folder_owned_by_the_images_user_where_the_workload_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docker = tmp_path / "docker"
+    docker.write_text(
+        f"#!{sys.executable}\nimport sys\nopen({str(tmp_path / 'argv')!r}, 'w').write(chr(0).join(sys.argv[1:]))\n"
+    )
+    docker.chmod(0o755)
+    monkeypatch.setattr(runtimes, "HOST_DATA_DIR", str(tmp_path / "var-lib-gpujobs"))
+    owners: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(runtimes.os, "chown", lambda path, uid, gid: owners.append((path, uid, gid)))
+    doc = rundoc.check_document(
+        {
+            "job_id": "j-7",
+            "attempt": 1,
+            "name": "n",
+            "image": "img:1",
+            "command": ["train"],
+            "checkpoint_uri": "s3://b/k",
+        }
+    )
+    runtime = runtimes.DockerRuntime(str(docker))
+
+    folder, seen_as = runtime.outputs_folder()
+    runtime.start(doc, {})
+    assert runtime.wait() == 0
+
+    argv = (tmp_path / "argv").read_text().split("\0")
+    assert Path(folder).is_dir()
+    assert Path(folder).parent == tmp_path / "var-lib-gpujobs"
+    assert owners == [(folder, WORKLOAD_UID, WORKLOAD_UID)]
+    assert seen_as == runtimes.OUTPUTS_IN_CONTAINER
+    mount = argv.index("--mount")
+    assert argv[mount + 1] == f"type=bind,src={folder},dst={seen_as}"
+    assert mount < argv.index("img:1")
 
 
 # ---- through the bootstrap ------------------------------------------------------------------------

@@ -30,3 +30,5 @@ def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
     assert first["end_step"] in summary["checkpoint_steps"]
     instance_logs = list(tmp_path.rglob("bootstrap.log"))
     assert len(instance_logs) == 2  # two instances ran, nothing else was launched
+    assert summary["outputs"]["uri"] == f"s3://gpujobs-local-checkpoints/outputs/{summary['job_id']}/"
+    assert summary["outputs"]["keys"] == ["model.safetensors"]  # the finishing attempt's run.export(model)

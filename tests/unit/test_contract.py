@@ -151,8 +151,10 @@ def test_the_bootstrap_and_the_trainer_agree_on_the_output_folder() -> None:
         assert copy.OUTPUT_DIR_ENV == contract.OUTPUT_DIR_ENV
         assert copy.OUTPUT_UNSENT_PREFIX == contract.OUTPUT_UNSENT_PREFIX
         assert copy.OUTPUT_UPLOAD_REQUEST_FILE == contract.OUTPUT_UPLOAD_REQUEST_FILE
+        assert copy.OUTPUT_UPLOAD_TAKEN_FILE == contract.OUTPUT_UPLOAD_TAKEN_FILE
     assert contract.OUTPUT_DIR_ENV in contract.WORKLOAD_ENV
     assert contract.OUTPUT_UPLOAD_REQUEST_FILE.startswith(contract.OUTPUT_UNSENT_PREFIX)
+    assert contract.OUTPUT_UPLOAD_TAKEN_FILE.startswith(contract.OUTPUT_UNSENT_PREFIX)
 
 
 # ---- template.yaml's copy ---------------------------------------------------------------------

@@ -119,7 +119,10 @@ OUTPUT_UNSENT_PREFIX = ".gpujobs-"
 """Files in that folder whose names start with it are never uploaded: requests, and files being
 written (the trainer writes `.gpujobs-<name>`, then renames it to `<name>`)."""
 OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
-"""Created in that folder to ask for an upload before the job ends; the bootstrap removes it."""
+"""Created in that folder to ask for an upload before the job ends."""
+OUTPUT_UPLOAD_TAKEN_FILE = OUTPUT_UNSENT_PREFIX + "uploading"
+"""The request, renamed by the bootstrap as it starts that upload and removed once it is done: a
+workload that waits for both names to be gone knows what it wrote before asking is in S3."""
 OUTPUTS_PREFIX = "outputs/"
 """Where outputs go in the stack's bucket: outside `jobs/`, so the checkpoints' expiry rule never reaches them."""
 

@@ -31,7 +31,9 @@ OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
 OUTPUT_UNSENT_PREFIX = ".gpujobs-"
 """Names in that folder that are never uploaded: the request below, and files still being written."""
 OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
-"""A file the workload creates in that folder to ask for an upload now; the bootstrap removes it."""
+"""A file the workload creates in that folder to ask for an upload now."""
+OUTPUT_UPLOAD_TAKEN_FILE = OUTPUT_UNSENT_PREFIX + "uploading"
+"""The request, renamed while its upload runs and removed once the upload is done."""
 EXIT_BOOTSTRAP_FAILED = 127
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 

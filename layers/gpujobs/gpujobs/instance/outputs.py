@@ -4,8 +4,11 @@ The bootstrap uploads, not the container: it outlives the workload, so the uploa
 whatever the exit (a crash, a kill after the stop timeout, an image that is not ours), and it uses
 the job's credentials, whose session policy allows writing `outputs/<own job id>/` only. Before the
 end, the workload asks for an upload by creating `OUTPUT_UPLOAD_REQUEST_FILE` in the folder
-(`run.save_outputs()` does; any script can `touch` it): a thread here polls for it, removes it, then
-uploads. Node 0 uploads to the document's `outputs_uri`, node K > 0 under `node-K/` in it.
+(`run.save_outputs()` does; any script can `touch` it): a thread here polls for it every second,
+renames it to `OUTPUT_UPLOAD_TAKEN_FILE`, uploads, then removes that. So a workload that waits until
+neither name exists knows that what it wrote before asking is in S3: the trainer's launcher does so
+before it reports the exit, since that report may end the job and terminate the instance. Node 0
+uploads to the document's `outputs_uri`, node K > 0 under `node-K/` in it.
 
 An upload sends each regular file whose (size, mtime) differs from what this node sent last, so
 asking twice sends nothing twice; it adds and overwrites objects, never deletes one. Names starting
@@ -18,19 +21,20 @@ be a regular file with a single link (a hard link could name a file outside the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
 
 from gpujobs.instance.aws import Clients
-from gpujobs.instance.contract import OUTPUT_UNSENT_PREFIX, OUTPUT_UPLOAD_REQUEST_FILE
+from gpujobs.instance.contract import OUTPUT_UNSENT_PREFIX, OUTPUT_UPLOAD_REQUEST_FILE, OUTPUT_UPLOAD_TAKEN_FILE
 from gpujobs.instance.log import log
 
 
 class Outputs:
     """One node's output folder (`folder`, on this host) and its uploads to `uri`."""
 
-    def __init__(self, folder: str, clients: Clients, *, uri: str, node_rank: int, poll: float = 5.0) -> None:
+    def __init__(self, folder: str, clients: Clients, *, uri: str, node_rank: int, poll: float = 1.0) -> None:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.folder, self.clients, self.bucket, self.poll = folder, clients, bucket, poll
         self.prefix = prefix.rstrip("/") + "/" + (f"node-{node_rank}/" if node_rank else "")
@@ -71,12 +75,15 @@ class Outputs:
         self._upload_logged("the end")
 
     def _serve_requests(self) -> None:
+        taken = os.path.join(self.folder, OUTPUT_UPLOAD_TAKEN_FILE)
         while not self.stopping.wait(self.poll):
             try:
-                os.unlink(os.path.join(self.folder, OUTPUT_UPLOAD_REQUEST_FILE))
+                os.replace(os.path.join(self.folder, OUTPUT_UPLOAD_REQUEST_FILE), taken)
             except OSError:
                 continue
             self._upload_logged("request")
+            with contextlib.suppress(OSError):
+                os.unlink(taken)
 
     def _upload_logged(self, why: str) -> None:
         where = f"s3://{self.bucket}/{self.prefix}"
