@@ -58,12 +58,13 @@ def safe_target(root: Path, key: str) -> Path | None:
 
 
 def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    """`512 B`, `2.9 KiB`, `412.0 MiB`, ... (binary units, one decimal)."""
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
         value /= 1024
-    raise AssertionError("unreachable")
+    return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 # ---- the commands ---------------------------------------------------------------------------
