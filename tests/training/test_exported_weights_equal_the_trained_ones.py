@@ -13,11 +13,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import boto3
 import pytest
 import torch
+from moto import mock_aws
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from gpujobs_trainer import export
 from tests.training.harness import JOB_TIMEOUT, PYTHON, REPO, job_env
 
 pytestmark = [pytest.mark.training, pytest.mark.slow]
@@ -94,11 +97,13 @@ def test_rank_0_exports_the_trained_weights_as_safetensors(tmp_path: Path, mode:
     assert sorted(p.name for p in outputs.iterdir()) == ["model.safetensors"], "no half-written file is left"
 
 
-def test_the_final_checkpoint_converts_to_the_same_parameters_with_one_call(tmp_path: Path) -> None:
+def test_the_final_checkpoint_converts_to_the_same_parameters_with_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     outputs, checkpoints, _ = train_and_export(tmp_path, "ddp")
     exported = load_file(outputs / "model.safetensors")
+    converted = {"s3://.../ckpt": _converted_from_s3(checkpoints, tmp_path / "from-s3.safetensors", monkeypatch)}
 
-    converted = {}
     for source, out in [
         (str(checkpoints), tmp_path / "newest.safetensors"),
         (str(checkpoints / "step-00000006"), tmp_path / "step-6.pt"),
@@ -113,14 +118,33 @@ def test_the_final_checkpoint_converts_to_the_same_parameters_with_one_call(tmp_
         )
         assert done.returncode == 0, done.stderr
         assert "step 6:" in done.stdout
-        converted[out.suffix] = load_file(out) if out.suffix == ".safetensors" else torch.load(out, weights_only=True)
+        converted[source] = load_file(out) if out.suffix == ".safetensors" else torch.load(out, weights_only=True)
 
-    for weights in converted.values():
-        assert weights.keys() == exported.keys()
-        parameters = [name for name in exported if name.endswith(("weight", "bias"))]
-        assert parameters
+    parameters = [name for name in exported if name.endswith(("weight", "bias"))]
+    assert parameters
+    for source, weights in converted.items():
+        assert weights.keys() == exported.keys(), source
         for name in parameters:
-            assert torch.equal(weights[name], exported[name]), name
+            assert torch.equal(weights[name], exported[name]), (source, name)
+
+
+def _converted_from_s3(checkpoints: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
+    """The checkpoints copied to a (moto) bucket, converted from their s3:// URI as the docs show."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="ckpt")
+        for path in checkpoints.rglob("*"):
+            if path.is_file():
+                s3.upload_file(str(path), "ckpt", f"jobs/j-1/ckpt/{path.relative_to(checkpoints).as_posix()}")
+        assert export.main(["s3://ckpt/jobs/j-1/ckpt", str(out)]) == 0
+    return load_file(out)
 
 
 def test_converting_a_folder_without_a_committed_checkpoint_fails_with_one_line(tmp_path: Path) -> None:
