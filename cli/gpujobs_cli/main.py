@@ -21,7 +21,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import commands
+from gpujobs_cli import artifacts, commands
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -33,6 +33,8 @@ examples:
   gpujobs status j-0123456789abcdef --watch
   gpujobs logs j-0123456789abcdef --follow
   gpujobs cancel j-0123456789abcdef
+  gpujobs artifacts j-0123456789abcdef
+  gpujobs download j-0123456789abcdef ./results
 
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
 or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
@@ -89,6 +91,19 @@ _COMMANDS = {
         "Send a cancel request for a job; its instances are terminated by the control plane.\n"
         "A job that has already ended is left alone (exit 0).",
         "examples:\n  gpujobs cancel j-0123456789abcdef\n  gpujobs cancel j-0123456789abcdef --json",
+    ),
+    "artifacts": (
+        "list what a job left in its outputs",
+        "List the files a job wrote to $GPUJOBS_OUTPUT_DIR, as uploaded to s3://<bucket>/outputs/<job-id>/:\n"
+        "node 0's at the top, node K's under node-K/. Uploaded when the job ends and whenever it asks.",
+        "examples:\n  gpujobs artifacts j-0123456789abcdef\n  gpujobs artifacts j-0123456789abcdef --json | jq '.[].key'",
+    ),
+    "download": (
+        "download a job's outputs",
+        "Download every file of a job's outputs into DIR (default: ./<job-id>), keeping their folders.\n"
+        "Refuses to overwrite an existing file unless --force; a key that is not a plain path inside\n"
+        "DIR is skipped with a warning (exit 1). Progress goes to stderr.",
+        "examples:\n  gpujobs download j-0123456789abcdef\n  gpujobs download j-0123456789abcdef ./results --force",
     ),
     "schema": (
         "print the job spec's JSON Schema",
@@ -166,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
     _add_logs_arguments(made["logs"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
+    for name in ("artifacts", "download"):
+        made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
+    made["artifacts"].add_argument("--json", action="store_true", help="print JSON instead of text")
+    made["download"].add_argument("dir", metavar="DIR", nargs="?", help="where to put the files (default: ./ID)")
+    made["download"].add_argument("--force", action="store_true", help="overwrite files that already exist")
     made["list"].add_argument(
         "--state",
         action="extend",
@@ -184,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel": commands.cmd_cancel,
         "schema": commands.cmd_schema,
         "logs": commands.cmd_logs,
+        "artifacts": artifacts.cmd_artifacts,
+        "download": artifacts.cmd_download,
     }
     for name, handler in handlers.items():
         made[name].set_defaults(handler=handler)

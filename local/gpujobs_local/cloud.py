@@ -164,6 +164,7 @@ class LocalCloud:
             "GPUJOBS_TABLE": self.outputs["JobsTableName"],
             "GPUJOBS_EVENT_BUS": self.outputs["EventBusName"],
             "GPUJOBS_LOG_GROUP": self.outputs["JobLogGroupName"],
+            "GPUJOBS_BUCKET": self.outputs["CheckpointBucketName"],
             "GPUJOBS_STACK": self.stack_name,
         }
 

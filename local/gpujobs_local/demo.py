@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpujobs.contract import CHECKPOINT_COMMITTED, job_log_stream
+from gpujobs.contract import CHECKPOINT_COMMITTED, job_log_stream, outputs_prefix
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
+from gpujobs_cli.artifacts import list_artifacts
 from gpujobs_local.cloud import Delivery
 from gpujobs_local.session import LocalSession, local_session
 from gpujobs_local.stack import ROOT
@@ -51,6 +52,7 @@ def demo_spec(*, nodes: int) -> dict[str, Any]:
             "0.03",
             "--checkpoint-every-steps",
             "50",
+            "--export",
         ],
         "nodes": nodes,
         "gpus_per_node": 2,
@@ -167,7 +169,10 @@ class Demo:
         final = self.job()
         result = self.result_line(replacement.number, "final") or {}
         self.story.step(f"job {final.state.value}: held-out accuracy {result.get('accuracy')}")
-        return self.summary(final, resumed, result, stopped_at, resumed_at - warned_at)
+        summary = self.summary(final, resumed, result, stopped_at, resumed_at - warned_at)
+        outputs = summary["outputs"]
+        self.story.step(f"outputs: {', '.join(outputs['keys']) or 'none'} in {outputs['uri']} (gpujobs artifacts)")
+        return summary
 
     def summary(
         self, job: Job, resumed: dict[str, Any], result: dict[str, Any], stopped_at: int, warning_to_resumed: float
@@ -208,7 +213,14 @@ class Demo:
                     for node in range(len(attempt.instance_ids))
                 ],
             },
+            "outputs": self.outputs(),
         }
+
+    def outputs(self) -> dict[str, Any]:
+        """Where the job's output folder went, and what is there (`gpujobs artifacts` reads the same)."""
+        bucket = self.session.cloud.outputs["CheckpointBucketName"]
+        found = list_artifacts(self.session.cloud.client("s3"), bucket=bucket, job_id=self.job_id)
+        return {"uri": f"s3://{bucket}/{outputs_prefix(self.job_id)}", "keys": [a.key for a in found]}
 
 
 def main(argv: list[str] | None = None) -> int:

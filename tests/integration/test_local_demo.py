@@ -32,3 +32,5 @@ def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
     assert summary["logs"]["streams"] == [f"{summary['job_id']}/{a['attempt']}/0" for a in (first, second)]
     instance_logs = list(tmp_path.rglob("bootstrap.log"))
     assert len(instance_logs) == 2  # two instances ran, nothing else was launched
+    assert summary["outputs"]["uri"] == f"s3://gpujobs-local-checkpoints/outputs/{summary['job_id']}/"
+    assert summary["outputs"]["keys"] == ["model.safetensors"]  # the finishing attempt's run.export(model)

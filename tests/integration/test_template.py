@@ -352,12 +352,22 @@ def test_checkpoint_bucket_is_private_encrypted_and_tls_only() -> None:
 
 
 def test_checkpoints_under_jobs_expire_after_the_retention_parameter() -> None:
-    (rule,) = properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"]
+    (rule,) = [r for r in properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"] if r["Prefix"] == "jobs/"]
 
     assert rule["Status"] == "Enabled"
     assert rule["Prefix"] == "jobs/"
     assert rule["ExpirationInDays"] == {"Ref": "CheckpointRetentionDays"}
     assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] == {"Ref": "CheckpointRetentionDays"}
+
+
+def test_job_outputs_are_kept_and_only_uploads_cut_short_are_cleaned_up() -> None:
+    rules = properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"]
+    (outputs,) = [r for r in rules if r["Prefix"].startswith("outputs")]
+
+    assert not any("outputs/".startswith(r["Prefix"]) for r in rules if "ExpirationInDays" in r)
+    assert "ExpirationInDays" not in outputs
+    assert outputs["Status"] == "Enabled"
+    assert outputs["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
 
 
 def test_outputs_include_everything_the_cli_reads() -> None:

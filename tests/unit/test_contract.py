@@ -24,6 +24,7 @@ from gpujobs.instance.workload_env import container_env
 from gpujobs_local.template import resources_of_type
 from gpujobs_trainer import events as trainer_events
 from gpujobs_trainer import layout as trainer_layout
+from gpujobs_trainer import outputs as trainer_outputs
 from gpujobs_trainer import signing as trainer_signing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +36,7 @@ COPIES = {
     "training_image/gpujobs_trainer/errors.py",
     "training_image/gpujobs_trainer/events.py",
     "training_image/gpujobs_trainer/layout.py",
+    "training_image/gpujobs_trainer/outputs.py",
     "training_image/gpujobs_trainer/signing.py",
 }
 SOURCE_FOLDERS = ("layers", "functions", "cli", "local", "training_image")
@@ -87,7 +89,14 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "env": {"LR": "0.1"},
         "report_key": "00" * 32,
     }
-    env = container_env(doc, rank=1, master_addr="10.0.0.1", instance_id="i-0123456789abcdef0", region="us-east-1")
+    env = container_env(
+        doc,
+        rank=1,
+        master_addr="10.0.0.1",
+        instance_id="i-0123456789abcdef0",
+        region="us-east-1",
+        output_dir="/var/lib/gpujobs/outputs",
+    )
     assert sorted(k for k in env if k.startswith("GPUJOBS_")) == sorted(contract.WORKLOAD_ENV)
 
 
@@ -135,6 +144,17 @@ def test_the_bootstrap_signs_its_exit_under_the_scheme_the_control_plane_verifie
     assert contract.REPORT_SIGNED_FIELDS[contract.JOB_EXITED] == instance_contract.EXIT_SIGNED_FIELDS
     assert instance_contract.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
     assert instance_contract.REPORT_KEY_ENV == trainer_signing.REPORT_KEY_ENV
+
+
+def test_the_bootstrap_and_the_trainer_agree_on_the_output_folder() -> None:
+    for copy in (instance_contract, trainer_outputs):
+        assert copy.OUTPUT_DIR_ENV == contract.OUTPUT_DIR_ENV
+        assert copy.OUTPUT_UNSENT_PREFIX == contract.OUTPUT_UNSENT_PREFIX
+        assert copy.OUTPUT_UPLOAD_REQUEST_FILE == contract.OUTPUT_UPLOAD_REQUEST_FILE
+        assert copy.OUTPUT_UPLOAD_TAKEN_FILE == contract.OUTPUT_UPLOAD_TAKEN_FILE
+    assert contract.OUTPUT_DIR_ENV in contract.WORKLOAD_ENV
+    assert contract.OUTPUT_UPLOAD_REQUEST_FILE.startswith(contract.OUTPUT_UNSENT_PREFIX)
+    assert contract.OUTPUT_UPLOAD_TAKEN_FILE.startswith(contract.OUTPUT_UNSENT_PREFIX)
 
 
 # ---- template.yaml's copy ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpujobs_trainer.errors import ConfigError
+from gpujobs_trainer.outputs import DEFAULT_OUTPUT_DIR, OUTPUT_DIR_ENV
 
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
 
@@ -38,6 +39,7 @@ class TrainerConfig:
     collective_timeout_seconds: float  # GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS (default 120)
     compile: bool  # GPUJOBS_COMPILE (default 0)
     outcome_dir: str  # GPUJOBS_OUTCOME_DIR (set by the launcher; empty = no outcome files)
+    output_dir: str = DEFAULT_OUTPUT_DIR  # GPUJOBS_OUTPUT_DIR (set by the bootstrap; uploaded to outputs/<job-id>/)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrainerConfig:
@@ -74,6 +76,7 @@ class TrainerConfig:
             collective_timeout_seconds=_number(source, "GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS", 120.0),
             compile=_flag(source, "GPUJOBS_COMPILE", default=False),
             outcome_dir=source.get("GPUJOBS_OUTCOME_DIR", ""),
+            output_dir=source.get(OUTPUT_DIR_ENV, "") or DEFAULT_OUTPUT_DIR,
         )
 
 

@@ -10,6 +10,9 @@ Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers an
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
 cannot go through torchrun: torchrun treats every signal it handles as a reason to shut down.
 So the launcher sends SIGUSR1 straight to torchrun's worker processes.
+
+Under the instance bootstrap, the launcher asks for the output folder's upload and waits for it
+before reporting its exit: that report may end the job, and the instance with it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ from types import FrameType
 from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
+from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
 
 log = logging.getLogger("gpujobs_trainer.launch")
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_SHUTDOWN_TIMEOUT = 90
+FINAL_UPLOAD_TIMEOUT = 900.0
+"""Longest wait for the bootstrap's upload of the output folder before the exit is reported."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
     outcome = run(plan, env)
+    if plan.instance_id and env.get(OUTPUT_DIR_ENV):  # under the bootstrap: the report may end the job at once
+        uploaded = upload_and_wait(Path(env[OUTPUT_DIR_ENV]), timeout=FINAL_UPLOAD_TIMEOUT)
+        log.info("output folder %s", "uploaded" if uploaded else "not uploaded in time; the bootstrap still tries")
     report_exit(plan, outcome, env.get("GPUJOBS_EVENT_BUS", "").strip())
     return outcome.exit_code
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path, PurePath
 from typing import Any, NoReturn
 
 import torch
@@ -35,6 +36,7 @@ from gpujobs_trainer.events import CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, Nul
 from gpujobs_trainer.interruption import ImdsClient, ImdsWatcher, StopFlags, install_signal_handlers
 from gpujobs_trainer.layout import CommitMarker, Reason
 from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
+from gpujobs_trainer.outputs import request_upload
 from gpujobs_trainer.state_io import TrainingState
 from gpujobs_trainer.storage import open_store
 
@@ -152,6 +154,28 @@ class Run:
     def checkpoint_now(self) -> None:
         """Ask for an on-demand checkpoint at the next step boundary (same as SIGUSR1)."""
         self.flags.request_checkpoint()
+
+    def export(self, model: nn.Module, name: str = "model.safetensors") -> Path | None:
+        """Write the model's consolidated weights to ``name`` in the output folder (``$GPUJOBS_OUTPUT_DIR``).
+
+        Collective: every rank calls it; rank 0 writes (safetensors for a ``.safetensors`` name, else
+        torch.save) and gets the path, the others None. Works for DDP and FSDP2. The folder is uploaded
+        to ``outputs/<job-id>/`` when the job ends, or sooner with ``save_outputs()``.
+        """
+        relative = PurePath(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.name:
+            raise ValueError(f"export name {name!r} must be a path inside the output folder")
+        # Imported here: `python -m gpujobs_trainer.export` must find the module not yet imported by the package.
+        from gpujobs_trainer.export import export_model
+
+        metadata = {"step": str(self.step), "job_id": self.config.job_id, "attempt": str(self.config.attempt)}
+        return export_model(model, Path(self.config.output_dir) / relative, is_main=self.env.is_main, metadata=metadata)
+
+    def save_outputs(self) -> None:
+        """Ask for the output folder to be uploaded now (within seconds), not only when the job ends.
+
+        Any rank may call it; each node uploads its own folder. Outside gpujobs it does nothing."""
+        request_upload(Path(self.config.output_dir))
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:

@@ -98,6 +98,7 @@ WORKLOAD_ENV = (
     "GPUJOBS_INSTANCE_ID",
     "GPUJOBS_RESUME_FROM_STEP",
     "GPUJOBS_REPORT_KEY",
+    "GPUJOBS_OUTPUT_DIR",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
 CHECKPOINT_COMMIT_FILE = "COMMIT.json"
@@ -133,6 +134,26 @@ def job_log_stream(job_id: str, attempt: int, node: int) -> str:
 def bootstrap_log_stream(job_id: str, attempt: int, node: int) -> str:
     """`<job>/<attempt>/<node>/bootstrap`: that node's bootstrap log (pull, rendezvous, exit)."""
     return job_log_stream(job_id, attempt, node) + BOOTSTRAP_LOG_STREAM_SUFFIX
+
+
+# ---- the job's outputs (artifacts) -------------------------------------------------------------
+OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
+"""The workload's folder for what outlives the job: the bootstrap uploads it to `outputs_prefix`."""
+OUTPUT_UNSENT_PREFIX = ".gpujobs-"
+"""Files in that folder whose names start with it are never uploaded: requests, and files being
+written (the trainer writes `.gpujobs-<name>`, then renames it to `<name>`)."""
+OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
+"""Created in that folder to ask for an upload before the job ends."""
+OUTPUT_UPLOAD_TAKEN_FILE = OUTPUT_UNSENT_PREFIX + "uploading"
+"""The request, renamed by the bootstrap as it starts that upload and removed once it is done: a
+workload that waits for both names to be gone knows what it wrote before asking is in S3."""
+OUTPUTS_PREFIX = "outputs/"
+"""Where outputs go in the stack's bucket: outside `jobs/`, so the checkpoints' expiry rule never reaches them."""
+
+
+def outputs_prefix(job_id: str) -> str:
+    """`outputs/<job-id>/`: node 0's files at its root, node K's (K > 0) under `node-K/` (docs/cli.md)."""
+    return f"{OUTPUTS_PREFIX}{job_id}/"
 
 
 # ---- events ----------------------------------------------------------------------------------

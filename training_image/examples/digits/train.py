@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint-every-steps", type=int, default=None, help="overrides GPUJOBS_CHECKPOINT_EVERY_STEPS"
     )
+    parser.add_argument(
+        "--export", action="store_true", help="at the end, write model.safetensors to the job's output folder"
+    )
     parser.add_argument("--state-dump", default="", help="rank 0 torch.saves final model+optimizer state here")
     return parser.parse_args(argv)
 
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         start=start,
     )
 
+    if args.export and not run.preempted:
+        run.export(model)  # every rank takes part; rank 0 writes $GPUJOBS_OUTPUT_DIR/model.safetensors
     if env.is_main and not run.preempted:
         net.eval()
         with torch.no_grad():

@@ -5,7 +5,8 @@ policies bound what that session can do, and it gets only what both allow:
 * the role's own policy (template.yaml `JobRole`), written against the session tags
   (`${aws:PrincipalTag/gpujobs:job-id}`, `.../gpujobs:team`): any session of the role reaches only
   the prefix and the secrets its tags name;
-* the inline session policy rendered here, naming this job's prefix, this team's secrets and data
+* the inline session policy rendered here, naming this job's prefix, its outputs prefix (write
+  only: the bootstrap uploads the job's output folder there), this team's secrets and data
   buckets: the only place that knows which buckets a team owns (the team configuration).
 A mistake in either one alone does not widen what a job can touch. Rendered by the control plane
 (pure, tested here) and carried in the run document, so the bootstrap only passes it to STS.
@@ -17,11 +18,13 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from gpujobs.contract import ATTEMPT_TAG, JOB_TAG, SECRET_NAME_PREFIX, TEAM_TAG, TRAINER_SOURCE
+from gpujobs.contract import ATTEMPT_TAG, JOB_TAG, SECRET_NAME_PREFIX, TEAM_TAG, TRAINER_SOURCE, outputs_prefix
 
 MAX_SESSION_POLICY_CHARS = 2048
 """STS's limit on the plaintext of an inline session policy."""
 JOB_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+OUTPUT_OBJECT_ACTIONS = ("s3:PutObject", "s3:AbortMultipartUpload")
+"""A job writes its outputs and never reads or deletes them: they are the user's, once written."""
 
 
 class SessionPolicyTooLargeError(ValueError):
@@ -31,6 +34,11 @@ class SessionPolicyTooLargeError(ValueError):
 def job_prefix(job_id: str) -> str:
     """The job's folder in the checkpoint bucket: checkpoints, run documents, anything it writes."""
     return f"jobs/{job_id}/"
+
+
+def outputs_uri(*, bucket: str, job_id: str) -> str:
+    """`s3://<bucket>/outputs/<job-id>/`: where the job's output folder is uploaded (the run document's)."""
+    return f"s3://{bucket}/{outputs_prefix(job_id)}"
 
 
 def session_policy(
@@ -44,6 +52,12 @@ def session_policy(
             "Effect": "Allow",
             "Action": list(JOB_OBJECT_ACTIONS),
             "Resource": f"arn:{partition}:s3:::{bucket}/{prefix}*",
+        },
+        {
+            "Sid": "WriteOwnJobOutputs",
+            "Effect": "Allow",
+            "Action": list(OUTPUT_OBJECT_ACTIONS),
+            "Resource": f"arn:{partition}:s3:::{bucket}/{outputs_prefix(job_id)}*",
         },
         {
             "Sid": "ListOwnJobPrefix",

@@ -57,6 +57,9 @@ class RunDocument(BaseModel):
     log_group: str = ""
     """The stack's job log group: each node's output and bootstrap log go there (`contract.job_log_stream`);
     "" keeps them on the instance."""
+    outputs_uri: str = ""
+    """s3://bucket/outputs/<job_id>/: where the bootstrap uploads the workload's output folder
+    (`gpujobs.instance.outputs`); "" gives the workload no output folder."""
 
 
 class RunDocumentPointer(BaseModel):

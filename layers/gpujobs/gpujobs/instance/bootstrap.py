@@ -10,7 +10,8 @@ Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer checke
 -> instance facts (IMDS) -> rendezvous (rank 0's private IP is the master) -> the job role, assumed for
 this attempt and served on loopback (IMDS blocked for the container) -> image pull -> for a replacement,
 wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> workload (runtime
-`docker` or `process`; SIGTERM/SIGINT are forwarded) -> "Job Exited" on the event bus -> `shutdown -h now`.
+`docker` or `process`; SIGTERM/SIGINT are forwarded; its output folder uploaded on request and at
+the end, `outputs.py`) -> "Job Exited" on the event bus -> `shutdown -h now`.
 With a `log_group` in the document, this log and the workload's output also go to CloudWatch Logs,
 one stream each per node (`contract.job_log_stream`); lines logged before the rendezvous names the
 node are kept and sent then, and a bootstrap that fails before it uses its launch index as the node.
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from gpujobs.instance import aws
@@ -38,6 +40,7 @@ from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.job_secrets import resolve_secrets
 from gpujobs.instance.log import SINKS, log
+from gpujobs.instance.outputs import Outputs
 from gpujobs.instance.rendezvous import rendezvous
 from gpujobs.instance.report import exit_detail, publish_exit
 from gpujobs.instance.rundoc import load_document
@@ -104,6 +107,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _wait_for_previous_attempt(doc: dict[str, Any], *, ec2: Any, s3: Any, timeout: float) -> None:
+    previous = doc["wait_for_attempt"]
+    log(f"waiting up to {timeout:.0f}s for attempt {previous} to end")
+    ended = wait_for_attempt(
+        ec2,
+        job_id=doc["job_id"],
+        attempt=previous,
+        timeout=timeout,
+        committed=lambda: last_commit_by(
+            s3, uri=doc["checkpoint_uri"], attempt=previous, after_step=doc["resume_from_step"]
+        ),
+    )
+    log(ended)
+
+
 def _run(
     args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any], bootstrap_log: LogShipper
 ) -> tuple[int, str]:
@@ -152,21 +170,17 @@ def _run(
         log("the document names no job role: the workload runs with this instance's credentials")
     runtime.prepare(doc, clients)
     if doc["wait_for_attempt"] is not None:
-        previous = doc["wait_for_attempt"]
-        s3 = job_clients("s3")
-        log(f"waiting up to {args.wait_timeout:.0f}s for attempt {previous} to end")
-        ended = wait_for_attempt(
-            clients("ec2"),
-            job_id=doc["job_id"],
-            attempt=previous,
-            timeout=args.wait_timeout,
-            committed=lambda: last_commit_by(
-                s3, uri=doc["checkpoint_uri"], attempt=previous, after_step=doc["resume_from_step"]
-            ),
-        )
-        log(ended)
+        _wait_for_previous_attempt(doc, ec2=clients("ec2"), s3=job_clients("s3"), timeout=args.wait_timeout)
     private.update(resolve_secrets(doc["secrets"], job_clients))
-    env = container_env(doc, rank=rank, master_addr=master, instance_id=facts["instance_id"], region=state["region"])
+    folder, output_dir = runtime.outputs_folder() if doc["outputs_uri"] else ("", "")
+    env = container_env(
+        doc,
+        rank=rank,
+        master_addr=master,
+        instance_id=facts["instance_id"],
+        region=state["region"],
+        output_dir=output_dir,
+    )
     env.update(agent_env)
     log(f"starting the workload as node {rank} of {doc['nodes']}, master {master}")
     stopper.timeout, stopper.starting = doc["stop_timeout_seconds"], True
@@ -174,7 +188,9 @@ def _run(
     stopper.runtime = runtime
     if stopper.signum:  # arrived while starting
         runtime.stop(stopper.signum, stopper.timeout)
-    code = runtime.wait()
+    outputs = Outputs(folder, job_clients, uri=doc["outputs_uri"], node_rank=rank) if folder else nullcontext()
+    with outputs:  # requests served while the workload runs, the rest uploaded when it ends
+        code = runtime.wait()
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
     return code, f"workload exited with {code}{signalled}"
 

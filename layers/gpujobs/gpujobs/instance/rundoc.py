@@ -44,6 +44,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "session_tags": (dict, {}),
     "secrets": (dict, {}),
     "log_group": (str, ""),
+    "outputs_uri": (str, ""),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 

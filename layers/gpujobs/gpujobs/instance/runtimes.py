@@ -11,6 +11,9 @@ The workload's output goes to CloudWatch Logs once `send_output_to` names a stre
 `awslogs` driver on EC2 (non-blocking, so a slow CloudWatch never stalls a training step's print;
 the daemon writes with the instance role), the bootstrap's `LogShipper` for a process, whose output
 is also echoed to the bootstrap's stdout as before.
+
+The job's output folder (`outputs_folder`) is a fresh host folder: docker mounts it into the
+container at `OUTPUTS_IN_CONTAINER`; a process gets the host path.
 """
 
 from __future__ import annotations
@@ -23,17 +26,21 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Any
 
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
 from gpujobs.instance.cloudwatch_logs import LogShipper, pump
-from gpujobs.instance.contract import container_name
+from gpujobs.instance.contract import WORKLOAD_UID, container_name
 from gpujobs.instance.errors import BootstrapError
 from gpujobs.instance.job_secrets import EnvFile
 
 _ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?=/)")
+HOST_DATA_DIR = "/var/lib/gpujobs"
+"""Where docker's output folders live on the instance: the root volume (/tmp may be held in memory)."""
+OUTPUTS_IN_CONTAINER = "/var/lib/gpujobs/outputs"
 
 
 class Runtime:
@@ -48,6 +55,11 @@ class Runtime:
     def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
         """Ship the workload's stdout and stderr to CloudWatch Logs `group`/`stream` (before `start`)."""
         raise NotImplementedError
+
+    def outputs_folder(self) -> tuple[str, str]:
+        """A new folder on this host for the workload's outputs, and its path as the workload sees it."""
+        folder = tempfile.mkdtemp(prefix="gpujobs-outputs-")
+        return folder, folder
 
     def start(self, doc: dict[str, Any], env: dict[str, str], private: dict[str, str] | None = None) -> None:
         """Start the workload with `env` and `private` (values that must stay off argv and logs)."""
@@ -150,6 +162,7 @@ class DockerRuntime(Runtime):
         self.user: int | None = None
         self.env_file: EnvFile | None = None
         self.log_options: list[str] = []
+        self.mounts: list[str] = []
 
     def block_imds(self, uid: int, iptables: str = "iptables") -> None:
         """Refuse the instance metadata service to `uid`, and run the container as that uid.
@@ -178,6 +191,14 @@ class DockerRuntime(Runtime):
         if doc["gpus_per_node"] > 0 and cloudwatch_agent_installed():
             start_cloudwatch_agent()
 
+    def outputs_folder(self) -> tuple[str, str]:
+        """Owned by the image's user (WORKLOAD_UID), bind-mounted at OUTPUTS_IN_CONTAINER."""
+        os.makedirs(HOST_DATA_DIR, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="outputs-", dir=HOST_DATA_DIR)
+        os.chown(folder, WORKLOAD_UID, WORKLOAD_UID)
+        self.mounts.append(f"type=bind,src={folder},dst={OUTPUTS_IN_CONTAINER}")
+        return folder, OUTPUTS_IN_CONTAINER
+
     def _docker(self, *args: str, stdin: str = "") -> None:
         done = subprocess.run([self.docker, *args], input=stdin.encode(), capture_output=True, check=False)
         if done.returncode != 0:
@@ -190,6 +211,8 @@ class DockerRuntime(Runtime):
         argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
         argv += ["--user", f"{self.user}:{self.user}"] if self.user is not None else []
         argv += self.log_options
+        for mount in self.mounts:
+            argv += ["--mount", mount]
         if private:
             self.env_file = EnvFile(private)
             argv += ["--env-file", self.env_file.path]

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpujobs.instance.contract import REPORT_KEY_ENV
+from gpujobs.instance.contract import OUTPUT_DIR_ENV, REPORT_KEY_ENV
 
 
-def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str) -> dict[str, str]:
-    """The spec's env plus the GPUJOBS_* contract (which wins on a name clash)."""
+def container_env(
+    doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str, output_dir: str = ""
+) -> dict[str, str]:
+    """The spec's env plus the GPUJOBS_* contract (which wins on a name clash).
+
+    `output_dir` is the output folder as the workload sees it (the runtime's `outputs_folder`)."""
     env = dict(doc["env"])
     env.update(
         {
@@ -36,4 +40,6 @@ def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_
         env[REPORT_KEY_ENV] = doc["report_key"]
     if doc["resume_from_step"] is not None:
         env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
+    if output_dir:
+        env[OUTPUT_DIR_ENV] = output_dir
     return env

@@ -29,7 +29,7 @@ from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
-from gpujobs.domain.job_access import session_policy_json, session_tags
+from gpujobs.domain.job_access import outputs_uri, session_policy_json, session_tags
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.launching import LAUNCH_LEASE, Gang, cancel, claim_launch, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
@@ -308,6 +308,7 @@ class JobService:
             report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
             secrets=dict(spec.secrets),
             log_group=self.config.job_log_group,
+            outputs_uri=outputs_uri(bucket=self.config.checkpoint_bucket, job_id=job.job_id),
             **self._job_access(job, attempt),
         )
         try:

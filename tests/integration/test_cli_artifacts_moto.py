@@ -1,0 +1,173 @@
+"""`gpujobs artifacts` and `gpujobs download` against moto: a user finds and fetches what a job left.
+
+The job's outputs are objects under `outputs/<job-id>/` of the stack's bucket (the bootstrap's
+uploads); their keys were chosen by the job, so the CLI treats them as hostile on the way to the
+terminal and to the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.domain.job import Job
+from gpujobs.domain.spec import load_spec
+from gpujobs_cli.main import main
+from gpujobs_local.template import table_definition
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BUCKET, TABLE, JOB = "gpujobs-checkpoints", "gpujobs-jobs", "j-00000000000000aa"
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class Outputs:
+    s3: Any
+    store: DynamoJobStore
+
+    def put(self, key: str, body: bytes, *, job_id: str = JOB) -> None:
+        self.s3.put_object(Bucket=BUCKET, Key=f"outputs/{job_id}/{key}", Body=body)
+
+    def add_job(self, job_id: str = JOB) -> None:
+        spec = load_spec((EXAMPLES / "digits.yaml").read_bytes())
+        self.store.create(Job.submitted(job_id=job_id, spec=spec, now=NOW, message_id=None))
+
+
+@pytest.fixture
+def outputs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Outputs]:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "GPUJOBS_BUCKET": BUCKET,
+        "GPUJOBS_TABLE": TABLE,
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "GPUJOBS_STACK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with mock_aws():
+        s3, ddb = boto3.client("s3"), boto3.client("dynamodb")
+        s3.create_bucket(Bucket=BUCKET)
+        ddb.create_table(**table_definition(table_name=TABLE))
+        yield Outputs(s3, DynamoJobStore(table_name=TABLE, client=ddb))
+
+
+def a_finished_job(outputs: Outputs) -> None:
+    outputs.add_job()
+    outputs.put("model.safetensors", b"w" * 3000)
+    outputs.put("metrics.json", b'{"loss": 0.1}')
+    outputs.put("node-1/metrics.json", b'{"loss": 0.2}')
+
+
+def test_artifacts_lists_every_nodes_files_with_size_and_time(
+    outputs: Outputs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_finished_job(outputs)
+
+    code = main(["artifacts", JOB])
+
+    out, err = capsys.readouterr()
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["KEY", "SIZE", "MODIFIED"]
+    assert [line.split()[0] for line in lines[1:]] == ["metrics.json", "model.safetensors", "node-1/metrics.json"]
+    assert "2.9 KiB" in lines[2]
+    assert f"3 file(s), 3.0 KiB, in s3://{BUCKET}/outputs/{JOB}/" in err
+
+
+def test_artifacts_json_gives_keys_sizes_times_and_uris(outputs: Outputs, capsys: pytest.CaptureFixture[str]) -> None:
+    a_finished_job(outputs)
+
+    code = main(["artifacts", JOB, "--json"])
+
+    listed = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [(a["key"], a["size"]) for a in listed] == [
+        ("metrics.json", 13),
+        ("model.safetensors", 3000),
+        ("node-1/metrics.json", 13),
+    ]
+    assert listed[1]["uri"] == f"s3://{BUCKET}/outputs/{JOB}/model.safetensors"
+    assert datetime.fromisoformat(listed[1]["modified"]).tzinfo is not None
+
+
+def test_a_job_without_outputs_yet_is_told_apart_from_no_job(
+    outputs: Outputs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs.add_job()
+
+    assert main(["artifacts", JOB]) == 0
+    assert "has no outputs yet" in capsys.readouterr().err
+    assert main(["artifacts", "j-00000000000000bb"]) == 3
+    assert "no job j-00000000000000bb" in capsys.readouterr().err
+    assert main(["download", JOB]) == 1
+
+
+def test_download_fetches_every_file_into_the_jobs_folder_keeping_node_folders(
+    outputs: Outputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_finished_job(outputs)
+
+    code = main(["download", JOB])
+
+    err = capsys.readouterr().err
+    assert code == 0
+    assert (tmp_path / JOB / "model.safetensors").read_bytes() == b"w" * 3000
+    assert (tmp_path / JOB / "node-1" / "metrics.json").read_bytes() == b'{"loss": 0.2}'
+    assert "[3/3] node-1/metrics.json" in err
+    assert f"downloaded 3 file(s) to {JOB}" in err
+
+
+def test_download_never_overwrites_unless_forced(outputs: Outputs, tmp_path: Path) -> None:
+    a_finished_job(outputs)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "metrics.json").write_text("my own notes")
+
+    assert main(["download", JOB, str(results)]) == 2
+    assert (results / "metrics.json").read_text() == "my own notes"
+    assert not (results / "model.safetensors").exists(), "nothing is written when anything would be overwritten"
+
+    assert main(["download", JOB, str(results), "--force"]) == 0
+    assert (results / "metrics.json").read_bytes() == b'{"loss": 0.1}'
+
+
+def test_download_refuses_keys_that_lead_out_of_the_folder(
+    outputs: Outputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs.add_job()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "through-link").symlink_to(outside, target_is_directory=True)
+    for key in ("../escaped.txt", "a/../../escaped.txt", "/etc/escaped.txt", "through-link/escaped.txt"):
+        outputs.put(key, b"pwned")
+    outputs.put("clear\x1b[2J.txt", b"pwned")
+    outputs.put("fine/result.txt", b"ok")
+
+    code = main(["download", JOB, str(results)])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert (results / "fine" / "result.txt").read_bytes() == b"ok"
+    assert sorted(p.name for p in outside.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside", "results"]
+    written = sorted(str(p.relative_to(results)) for p in results.rglob("*"))
+    assert written == ["fine", "fine/result.txt", "through-link"]
+    assert err.count("skipping") == 5
+    assert all(c == "\n" or c.isprintable() for c in err), repr(err)
+    assert os.path.islink(results / "through-link")
