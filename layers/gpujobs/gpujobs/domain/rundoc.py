@@ -54,6 +54,12 @@ class RunDocument(BaseModel):
     """Session tags (job id, team, attempt): the role's own policy is written against them."""
     secrets: dict[str, str] = Field(default_factory=dict)
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
+    checkpoint_mode: str = "gpujobs"
+    """The spec's `checkpoint` (gpujobs, directory or none): the launcher syncs, restores or neither."""
+    code_uri: str = ""
+    """The spec's `code` archive (s3://...), unpacked by the launcher into the working directory."""
+    code_sha256: str = ""
+    """Its hex SHA-256 when known: the launcher refuses an archive with any other digest."""
 
 
 class RunDocumentPointer(BaseModel):

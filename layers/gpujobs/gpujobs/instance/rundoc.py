@@ -43,6 +43,9 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "session_policy": (str, ""),
     "session_tags": (dict, {}),
     "secrets": (dict, {}),
+    "checkpoint_mode": (str, "gpujobs"),
+    "code_uri": (str, ""),
+    "code_sha256": (str, ""),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 

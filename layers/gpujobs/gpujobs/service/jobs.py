@@ -306,6 +306,9 @@ class JobService:
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
             report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
             secrets=dict(spec.secrets),
+            checkpoint_mode=spec.checkpoint.value,
+            code_uri=spec.code or "",
+            code_sha256=spec.code_sha256 or "",
             **self._job_access(job, attempt),
         )
         try:
