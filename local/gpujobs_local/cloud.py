@@ -163,6 +163,7 @@ class LocalCloud:
             "GPUJOBS_QUEUE_URL": self.outputs["JobsQueueUrl"],
             "GPUJOBS_TABLE": self.outputs["JobsTableName"],
             "GPUJOBS_EVENT_BUS": self.outputs["EventBusName"],
+            "GPUJOBS_BUCKET": self.outputs["CheckpointBucketName"],
             "GPUJOBS_STACK": self.stack_name,
         }
 
