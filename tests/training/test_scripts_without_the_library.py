@@ -69,6 +69,30 @@ def test_only_changed_files_are_uploaded_and_replaced_blobs_are_deleted(tmp_path
     assert manifest["sequence"] == 2
 
 
+def test_blobs_another_node_may_be_restoring_stay_until_the_last_sync(tmp_path: Path) -> None:
+    # given a folder a previous attempt synced, restored by this attempt (and, maybe, its other nodes)
+    copy = tmp_path / "copy"
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "snapshot.pt").write_bytes(b"step-10")
+    DirectorySync(earlier, LocalObjects(copy)).sync_once(settled=True)
+    folder = tmp_path / "run"
+    sync = DirectorySync(folder, LocalObjects(copy))
+    sync.restore()
+    (restored_blob,) = (copy / "blobs").iterdir()
+
+    # when the script replaces its snapshot twice while it runs
+    for body in (b"step-20", b"step-30"):
+        (folder / "snapshot.pt").write_bytes(body)
+        sync.sync_once(settled=True)
+
+    # then the restored blob is kept while the attempt runs, and only the last one after it ends
+    assert restored_blob.exists()
+    sync.finish()
+    manifest = json.loads((copy / MANIFEST).read_text())
+    assert sorted(p.name for p in (copy / "blobs").iterdir()) == [manifest["files"]["snapshot.pt"]["sha256"]]
+
+
 class _CutShort(LocalObjects):
     """The instance goes away after the blobs are uploaded, before the manifest is written."""
 
@@ -215,9 +239,16 @@ def test_a_code_archive_with_another_digest_is_refused(tmp_path: Path) -> None:
 
 # ---- the launcher, with real torchrun ------------------------------------------------------------
 def _launch(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """The launcher in its own folder (``TMPDIR``), as a container starts in its WORKDIR."""
     argv = [PYTHON, "-m", "gpujobs_trainer.launch", "--", PYTHON, str(SCRIPT), *args]
     return subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        argv,
+        env=env,
+        cwd=env["TMPDIR"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
 
 

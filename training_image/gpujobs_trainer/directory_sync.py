@@ -13,7 +13,8 @@ The copy lives under ``<GPUJOBS_CHECKPOINT_URI>/dir/``:
   cut short by the instance going away leaves the last complete manifest in place.
 
 Blobs that the previous manifest listed and the new one does not are deleted after the new one is
-written. A file is read only when its size or mtime changed, and is skipped for this round when it
+written, except those of the manifest the attempt was restored from (another node may still be
+restoring them); the last sync deletes every blob its manifest does not list. A file is read only when its size or mtime changed, and is skipped for this round when it
 changes while being read (a save in progress); the final sync runs after the workers have exited,
 when nothing writes any more. Symlinks and other non-regular files are not synced. Multi-node jobs:
 node 0's folder is the job's (scripts save from global rank 0); every node restores it.
@@ -52,6 +53,7 @@ class Objects(Protocol):
     def write(self, key: str, data: bytes) -> None: ...
     def download(self, key: str, path: Path) -> None: ...
     def delete(self, key: str) -> None: ...
+    def names(self, folder: str) -> list[str]: ...
 
 
 class S3Objects:
@@ -86,6 +88,11 @@ class S3Objects:
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def names(self, folder: str) -> list[str]:
+        base = self._key(folder) + "/"
+        pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
+        return [obj["Key"][len(base) :] for page in pages for obj in page.get("Contents", [])]
+
 
 class LocalObjects:
     """Keys as files under a local folder (tests, and a local GPUJOBS_CHECKPOINT_URI)."""
@@ -114,6 +121,10 @@ class LocalObjects:
 
     def delete(self, key: str) -> None:
         (self.root / key).unlink(missing_ok=True)
+
+    def names(self, folder: str) -> list[str]:
+        base = self.root / folder
+        return sorted(p.name for p in base.iterdir()) if base.is_dir() else []
 
 
 def objects_for(checkpoint_uri: str) -> Objects:
@@ -173,6 +184,7 @@ class DirectorySync:
         self.folder = folder
         self.objects = objects
         self._synced: dict[str, Entry] = {}
+        self._pinned: frozenset[str] = frozenset()  # the restored manifest's blobs
         self._seen: dict[str, tuple[int, int, Entry]] = {}  # name -> (size, mtime_ns, entry)
         self._sequence = 0
         self._lock = threading.Lock()
@@ -195,6 +207,7 @@ class DirectorySync:
             if target.stat().st_size != entry.size or _digest(target) != entry.sha256:
                 raise CheckpointError(f"{name} restored from {self.objects.where} does not match its digest")
         self._synced = files
+        self._pinned = frozenset(e.sha256 for e in files.values())
         log.info("restored %d file(s) from %s into %s", len(files), self.objects.where, self.folder)
         return len(files)
 
@@ -234,7 +247,7 @@ class DirectorySync:
                     uploaded.add(entry.sha256)
             self._sequence += 1
             self.objects.write(MANIFEST, manifest_bytes(files, sequence=self._sequence))
-            kept = {e.sha256 for e in files.values()}
+            kept = {e.sha256 for e in files.values()} | self._pinned
             for gone in {e.sha256 for e in self._synced.values()} - kept:
                 self.objects.delete(f"blobs/{gone}")
             self._synced = files
@@ -255,11 +268,16 @@ class DirectorySync:
         self._thread.start()
 
     def finish(self) -> None:
-        """The last sync, once the workers have exited; raises when it cannot be completed."""
+        """The last sync, once the workers have exited; raises when it cannot be completed. Then
+        every blob the manifest does not list goes (the other nodes restored long ago)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.sync_once(settled=True)
+        listed = {e.sha256 for e in self._synced.values()}
+        for name in self.objects.names("blobs"):
+            if name not in listed:
+                self.objects.delete(f"blobs/{name}")
 
 
 def local_folder(env: Mapping[str, str]) -> Path:

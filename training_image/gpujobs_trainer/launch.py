@@ -220,7 +220,11 @@ def prepare(plan: LaunchPlan, env: Mapping[str, str], workdir: Path) -> ScriptCh
     ConfigError or CheckpointError when the job cannot start as configured."""
     if plan.code_uri:
         code_archive.install(plan.code_uri, plan.code_sha256, workdir)
-    return None if plan.checkpoint_mode == GPUJOBS else ScriptCheckpoints.open(plan.checkpoint_mode, env)
+    return (
+        None
+        if plan.checkpoint_mode == GPUJOBS
+        else ScriptCheckpoints.open(plan.checkpoint_mode, env, node_rank=plan.node_rank)
+    )
 
 
 def exit_detail(plan: LaunchPlan, outcome: JobOutcome) -> dict[str, object]:

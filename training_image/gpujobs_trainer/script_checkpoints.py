@@ -4,7 +4,8 @@ Such a script knows nothing of gpujobs' signals, so the launcher does what the t
 would do for it:
 
 * ``$GPUJOBS_CHECKPOINT_DIR`` is a fresh local folder; for ``directory`` it is first restored from
-  the job's last complete sync and then kept in S3 while the script runs (`directory_sync`);
+  the job's last complete sync and then, on node 0 (whose folder is the job's), kept in S3 while
+  the script runs (`directory_sync`);
 * SIGUSR1 ("checkpoint now") is never passed on: its default action would kill the script. The
   control plane does not send it to these jobs either (`gpujobs.domain.decisions`);
 * for ``directory``, the spot interruption notice (IMDS, as the trainer reads it) is turned into
@@ -82,22 +83,21 @@ class ScriptCheckpoints:
     watcher: ImdsWatcher | None = None
 
     @classmethod
-    def open(cls, mode: str, env: Mapping[str, str]) -> ScriptCheckpoints:
-        """The folder, restored for ``directory`` (CheckpointError when the copy is unusable)."""
+    def open(cls, mode: str, env: Mapping[str, str], *, node_rank: int) -> ScriptCheckpoints:
+        """The folder, restored for ``directory`` (CheckpointError when the copy is unusable) and
+        synced from node 0, whose folder is the job's; every node watches for the spot notice."""
         folder = local_folder(env)
         if mode != DIRECTORY:
             return cls(mode, folder)
         config = TrainerConfig.from_env(env)
+        interval = _seconds(env, "GPUJOBS_DIRECTORY_SYNC_SECONDS", DEFAULT_SYNC_SECONDS)
         sync = DirectorySync(folder, objects_for(config.checkpoint_uri))
         sync.restore()
-        sync.start(_seconds(env, "GPUJOBS_DIRECTORY_SYNC_SECONDS", DEFAULT_SYNC_SECONDS))
-        flags, watcher = StopFlags(), None
-        if config.imds_mode != "off":
-            client = ImdsClient(config.imds_endpoint)
-            required = config.imds_mode == "required"
-            watcher = ImdsWatcher(client, flags, interval=config.imds_poll_seconds, required=required)
-            watcher.start()
-        return cls(mode, folder, sync, flags, watcher)
+        if node_rank == 0:
+            sync.start(interval)
+        flags = StopFlags()
+        watcher = _spot_watcher(config, flags)
+        return cls(mode, folder, sync if node_rank == 0 else None, flags, watcher)
 
     @property
     def env(self) -> dict[str, str]:
@@ -121,6 +121,16 @@ class ScriptCheckpoints:
                 )
                 synced = False
         return script_exit(torchrun_code=torchrun_code, stopped=stopped, synced=synced)
+
+
+def _spot_watcher(config: TrainerConfig, flags: StopFlags) -> ImdsWatcher | None:
+    """The trainer's IMDS watcher, started, unless GPUJOBS_IMDS is off."""
+    if config.imds_mode == "off":
+        return None
+    client = ImdsClient(config.imds_endpoint)
+    watcher = ImdsWatcher(client, flags, interval=config.imds_poll_seconds, required=config.imds_mode == "required")
+    watcher.start()
+    return watcher
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
