@@ -3,8 +3,8 @@
 The script (`tests/training/own_snapshots_train.py`) knows torchrun and a checkpoint folder, nothing
 of gpujobs: its own argparse, its own `torch.save` snapshots, its own resume from the newest one, no
 signal handler. The user ships it with `code:` (a folder `gpujobs submit` packs and uploads) and
-`checkpoint: directory`; a spot warning interrupts it, and the replacement resumes from the
-script's own snapshot.
+`checkpoint: directory`; a rebalance notice leaves it training, a spot warning interrupts it, and
+the replacement resumes from the script's own snapshot.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _saved_steps(stage: Stage, instance_id: str) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-def test_an_unmodified_torchrun_script_resumes_from_its_own_snapshot_after_a_spot_warning(
+def test_an_unmodified_torchrun_script_survives_a_rebalance_and_resumes_from_its_own_snapshot_after_a_spot_warning(
     stage: Stage, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # given a folder holding a script written for any cluster, and a spec that ships it as code
@@ -61,7 +61,12 @@ def test_an_unmodified_torchrun_script_resumes_from_its_own_snapshot_after_a_spo
     (first,) = stage.wait_running(job_id).instance_ids
     stage.wait("the script's own snapshot at step 30", lambda: max(_saved_steps(stage, first), default=0) >= 30, 120)
 
-    # and EC2 reclaims the spot instance (notice, then termination 10 s later)
+    # and EC2 first recommends a rebalance: the script, which handles no SIGUSR1, trains on
+    stage.runner.rebalance(first)
+    stage.wait("training on after the rebalance notice", lambda: max(_saved_steps(stage, first)) >= 50, 60)
+    assert stage.state(job_id) is JobState.RUNNING
+
+    # and then EC2 reclaims the spot instance (notice, then termination 10 s later)
     stage.runner.interrupt_spot(first, notice_seconds=10)
 
     # then the job succeeds on a replacement, counted as an interruption, not a crash
