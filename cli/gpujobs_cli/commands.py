@@ -26,12 +26,22 @@ from typing import Any
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job, job_id_for
-from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spec, printable, validate_spec
+from gpujobs.domain.spec import (
+    MAX_SPEC_BYTES,
+    CheckpointMode,
+    JobSpec,
+    SpecError,
+    json_schema,
+    load_spec,
+    printable,
+    validate_spec,
+)
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore
-from gpujobs_cli import render
+from gpujobs_cli import code, render
+from gpujobs_cli.code import CodePackError
 from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_stream, failed_attempt
-from gpujobs_cli.resources import LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
+from gpujobs_cli.resources import BUCKET, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 UNSUCCESSFUL_ENDS = frozenset({JobState.FAILED, JobState.REJECTED, JobState.CANCELLED})
@@ -52,7 +62,7 @@ class CommandError(Exception):
 def cmd_validate(args: argparse.Namespace) -> int:
     label, text = read_source(args.file)
     try:
-        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types)
+        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types, local_code=True)
     except SpecError as exc:
         for problem in exc.problems:
             print(f"{label}: {problem}")
@@ -70,13 +80,31 @@ def cmd_schema(_args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     label, text = read_source(args.file)
     try:
-        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types)
+        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types, local_code=True)
         if args.client_token and spec.client_token and args.client_token != spec.client_token:
             raise CommandError(
                 f"--client-token {args.client_token!r} conflicts with the spec's client_token {spec.client_token!r}"
             )
         document = spec.model_dump(mode="json", exclude_unset=True)
         document["client_token"] = spec.client_token or args.client_token or uuid.uuid4().hex
+        packed = _pack_local_code(label, spec.code)
+        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types, local_code=True)
+    except (SpecError, CodePackError) as exc:
+        for problem in exc.problems if isinstance(exc, SpecError) else [str(exc)]:
+            print(f"{label}: {problem}", file=sys.stderr)
+        return EXIT_FAILED
+    warning = code.entrypoint_warning(spec.image, needs_launcher=_needs_launcher(spec))
+    if warning:
+        print(f"{label}: warning: {warning}", file=sys.stderr)
+    token = str(document["client_token"])
+    job_id = job_id_for(client_token=token, team=spec.team, message_id=None)
+    needs = (QUEUE, TABLE) if args.wait else (QUEUE,)
+    resources = _discover(args, needs=(*needs, BUCKET) if packed else needs)
+    if packed is not None:
+        uri = code.upload(packed, s3=resources.client("s3"), bucket=resources.values[BUCKET], job_id=job_id)
+        document.update(code=uri, code_sha256=packed.sha256)
+        print(f"packed {packed.files} file(s) of code ({len(packed.data)} bytes) to {uri}", file=sys.stderr)
+    try:
         spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types)
         body = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         if len(body.encode()) > MAX_SPEC_BYTES:
@@ -85,9 +113,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"{label}: {problem}", file=sys.stderr)
         return EXIT_FAILED
-    token = str(document["client_token"])
-    job_id = job_id_for(client_token=token, team=spec.team, message_id=None)
-    resources = _discover(args, needs=(QUEUE, TABLE) if args.wait else (QUEUE,))
     if args.wait:
         existing = _find(_store(resources), job_id)
         if existing is not None and existing.spec != spec:
@@ -127,6 +152,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
     else:
         print(render.job_status(job))
     return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
+
+
+def _pack_local_code(label: str, code_field: str | None) -> code.PackedCode | None:
+    """The spec's `code:` folder packed (relative to the spec file's folder), or None for S3 code."""
+    if code_field is None or code_field.startswith("s3://"):
+        return None
+    base = Path.cwd() if label == "<stdin>" else Path(label).resolve().parent
+    return code.pack(base / Path(code_field).expanduser())
+
+
+def _needs_launcher(spec: JobSpec) -> bool:
+    """Only `checkpoint: none` without `code:` runs on an image whose entrypoint is not our launcher."""
+    return spec.code is not None or spec.checkpoint is not CheckpointMode.NONE
 
 
 # ---- reading jobs -------------------------------------------------------------------------

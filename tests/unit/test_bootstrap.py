@@ -207,6 +207,7 @@ def test_the_workload_gets_literal_strings_and_the_gpujobs_contract(
         "GPUJOBS_CHECKPOINT_URI": "s3://bucket/jobs/job-7/ckpt",
         "GPUJOBS_RESUME_FROM_STEP": "40",
         "GPUJOBS_CHECKPOINT_EVERY_MINUTES": "30",
+        "GPUJOBS_CHECKPOINT_MODE": "gpujobs",
         "GPUJOBS_EVENT_BUS": bus.name,
         "GPUJOBS_INSTANCE_ID": INSTANCE_ID,
     }

@@ -88,6 +88,9 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "resume_from_step": 100,
         "env": {"LR": "0.1"},
         "report_key": "00" * 32,
+        "checkpoint_mode": "directory",
+        "code_uri": "s3://bucket/jobs/j-0123456789abcdef/code/0.tar.gz",
+        "code_sha256": "0" * 64,
     }
     env = container_env(
         doc,

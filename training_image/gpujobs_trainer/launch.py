@@ -9,10 +9,16 @@ exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configurati
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
 cannot go through torchrun: torchrun treats every signal it handles as a reason to shut down.
-So the launcher sends SIGUSR1 straight to torchrun's worker processes.
+So the launcher sends SIGUSR1 straight to torchrun's worker processes, and only to those that
+handle it (a script that has not reached `gpujobs_trainer.init` yet would be killed by it).
 
 Under the instance bootstrap, the launcher asks for the output folder's upload and waits for it
 before reporting its exit: that report may end the job, and the instance with it.
+
+Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
+working directory (`code_archive`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
+``directory`` or ``none``) get their checkpoint folder, its sync and their exit code from
+`script_checkpoints`, and never SIGUSR1.
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+from gpujobs_trainer import code_archive
+from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, CheckpointError, ConfigError
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
 from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
+from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
 
 log = logging.getLogger("gpujobs_trainer.launch")
 
@@ -56,6 +64,11 @@ class LaunchPlan:
     attempt: int
     instance_id: str = ""
     """GPUJOBS_INSTANCE_ID (set by the instance bootstrap); the control plane keys exit codes by it."""
+    checkpoint_mode: str = GPUJOBS
+    """GPUJOBS_CHECKPOINT_MODE: gpujobs (the trainer library), directory or none."""
+    code_uri: str = ""
+    """GPUJOBS_CODE_URI: the code archive to unpack first, checked against GPUJOBS_CODE_SHA256."""
+    code_sha256: str = ""
 
 
 def plan_from_env(env: Mapping[str, str], command: Sequence[str], *, gpu_count: int) -> LaunchPlan:
@@ -96,6 +109,9 @@ def plan_from_env(env: Mapping[str, str], command: Sequence[str], *, gpu_count: 
         job_id=job_id,
         attempt=attempt,
         instance_id=env.get("GPUJOBS_INSTANCE_ID", "").strip(),
+        checkpoint_mode=checkpoint_mode(env),
+        code_uri=env.get("GPUJOBS_CODE_URI", "").strip(),
+        code_sha256=env.get("GPUJOBS_CODE_SHA256", "").strip(),
     )
 
 
@@ -147,33 +163,74 @@ def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
     return children
 
 
-def run(plan: LaunchPlan, env: Mapping[str, str]) -> JobOutcome:
+def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | None = None) -> JobOutcome:
+    """Run torchrun to its end; ``own``: the checkpoint folder of a script without the library."""
     outcome_dir = Path(tempfile.mkdtemp(prefix="gpujobs-outcome-"))
     child_env = {**env, "GPUJOBS_OUTCOME_DIR": str(outcome_dir), "GPUJOBS_NODE_RANK": str(plan.node_rank)}
+    child_env.update(own.env if own is not None else {})
     argv = torchrun_argv(plan)
-    log.info("launching: %s", " ".join(argv))
-    proc = subprocess.Popen(argv, env=child_env)
+    started: list[subprocess.Popen[bytes]] = []
+    stopped: list[str] = []
+
+    def stop(why: str) -> None:
+        log.info("%s: asking workers to checkpoint and stop", why)
+        stopped.append(why)
+        for proc in started:
+            proc.send_signal(signal.SIGTERM)
 
     def forward_stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("got %s: asking workers to checkpoint and stop", signal.Signals(signum).name)
-        proc.send_signal(signal.SIGTERM)
+        stop(f"got {signal.Signals(signum).name}")
 
     def forward_checkpoint(_signum: int, _frame: FrameType | None) -> None:
-        workers = child_pids(proc.pid)
+        if plan.checkpoint_mode != GPUJOBS:
+            log.info("got SIGUSR1: ignored (checkpoint mode %s takes no checkpoint-now)", plan.checkpoint_mode)
+            return
+        workers = [pid for proc in started for pid in child_pids(proc.pid) if catches(pid, signal.SIGUSR1)]
         log.info("got SIGUSR1: asking workers %s to checkpoint now", workers)
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
 
+    # Installed before the start: a signal that arrives first must not take the launcher's default action.
     signal.signal(signal.SIGTERM, forward_stop)
     signal.signal(signal.SIGINT, forward_stop)
     signal.signal(signal.SIGUSR1, forward_checkpoint)
-    torchrun_code = proc.wait()
-    outcome = decide_exit(
-        torchrun_code=torchrun_code, outcomes=read_outcomes(outcome_dir), expected_workers=plan.nproc_per_node
-    )
+    log.info("launching: %s", " ".join(argv))
+    proc = subprocess.Popen(argv, env=child_env)
+    started.append(proc)
+    if stopped:
+        proc.send_signal(signal.SIGTERM)
+    while (torchrun_code := _wait(proc, seconds=0.5)) is None:
+        notice = own.spot_notice() if own is not None else ""
+        if notice and not stopped:
+            stop(notice)
+    if own is not None:
+        outcome = own.finish(torchrun_code=torchrun_code, stopped=bool(stopped))
+    else:
+        outcome = decide_exit(
+            torchrun_code=torchrun_code, outcomes=read_outcomes(outcome_dir), expected_workers=plan.nproc_per_node
+        )
     log.info("torchrun exited %d; job outcome: %s (exit %d)", torchrun_code, outcome.reason, outcome.exit_code)
     return outcome
+
+
+def _wait(proc: subprocess.Popen[bytes], *, seconds: float) -> int | None:
+    try:
+        return proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def prepare(plan: LaunchPlan, env: Mapping[str, str], workdir: Path) -> ScriptCheckpoints | None:
+    """Before the command: the code unpacked into ``workdir``, a script's own folder restored.
+    ConfigError or CheckpointError when the job cannot start as configured."""
+    if plan.code_uri:
+        code_archive.install(plan.code_uri, plan.code_sha256, workdir)
+    return (
+        None
+        if plan.checkpoint_mode == GPUJOBS
+        else ScriptCheckpoints.open(plan.checkpoint_mode, env, node_rank=plan.node_rank)
+    )
 
 
 def exit_detail(plan: LaunchPlan, outcome: JobOutcome) -> dict[str, object]:
@@ -219,10 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
-    except ConfigError as exc:
+        own = prepare(plan, env, Path.cwd())
+    except (ConfigError, CheckpointError) as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
-    outcome = run(plan, env)
+    outcome = run(plan, env, own=own)
     if plan.instance_id and env.get(OUTPUT_DIR_ENV):  # under the bootstrap: the report may end the job at once
         uploaded = upload_and_wait(Path(env[OUTPUT_DIR_ENV]), timeout=FINAL_UPLOAD_TIMEOUT)
         log.info("output folder %s", "uploaded" if uploaded else "not uploaded in time; the bootstrap still tries")

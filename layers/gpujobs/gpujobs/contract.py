@@ -99,6 +99,9 @@ WORKLOAD_ENV = (
     "GPUJOBS_RESUME_FROM_STEP",
     "GPUJOBS_REPORT_KEY",
     "GPUJOBS_OUTPUT_DIR",
+    "GPUJOBS_CHECKPOINT_MODE",
+    "GPUJOBS_CODE_URI",
+    "GPUJOBS_CODE_SHA256",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
 CHECKPOINT_COMMIT_FILE = "COMMIT.json"

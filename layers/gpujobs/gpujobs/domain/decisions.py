@@ -54,8 +54,15 @@ def running_attempt(job: Job, instance_id: str) -> Attempt | None:
     return attempt
 
 
-def signal_checkpoint(job: Job, attempt: Attempt) -> SignalCheckpoint:
-    return SignalCheckpoint(live_instances(attempt), attempt.container_name(job.job_id))
+def checkpoint_signals(job: Job, attempt: Attempt) -> tuple[Effect, ...]:
+    """Send "checkpoint now" (SIGUSR1) only to a job whose script asked for it (`checkpoint: gpujobs`).
+
+    Any other script would be killed by SIGUSR1 (its default action), so it is never sent one:
+    a `directory` job saves on the SIGTERM that a stop or a spot warning brings, a `none` job
+    has nothing to save (docs/job-spec.md, "Any training script")."""
+    if not job.require_spec().checkpoint.takes_checkpoint_requests:
+        return ()
+    return (SignalCheckpoint(live_instances(attempt), attempt.container_name(job.job_id)),)
 
 
 # ---- spot ---------------------------------------------------------------------------------------
@@ -70,29 +77,32 @@ def on_spot_warning(job: Job, instance_id: str, *, now: datetime, action: str = 
         return ignore(Outcome.ALREADY_HANDLED, f"the attempt of {instance_id} is already interrupted, replaced or over")
     marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now}), now=now)
     detail = f"spot {action} warning for {instance_id}"
-    signal = signal_checkpoint(job, attempt)
+    signals = checkpoint_signals(job, attempt)
     if job.stop_request is not None:
         detail += f"; the {job.stop_request.reason.value} stop under way ends the job"
-        return Decision(Outcome.INTERRUPTED, marked, (signal,), detail, {"SpotInterruptions": 1})
+        return Decision(Outcome.INTERRUPTED, marked, signals, detail, {"SpotInterruptions": 1})
     for target, reason in interruption_moves(job).steps:
         marked = marked.transition(target, reason, now=now, detail=detail, interruptions=job.interruptions + 1)
-    effects: tuple[Effect, ...] = (signal,)
+    effects: tuple[Effect, ...] = signals
     if marked.state is JobState.INTERRUPTED:
         effects += (Launch(job.job_id),)
     return Decision(Outcome.INTERRUPTED, marked, effects, detail, {"SpotInterruptions": 1})
 
 
 def on_rebalance(job: Job, instance_id: str, *, now: datetime) -> Decision:
-    """A proactive checkpoint; no relaunch unless a warning follows."""
+    """A proactive checkpoint; no relaunch unless a warning follows. A job that takes no
+    checkpoint requests ignores the notice: the spot warning, if one comes, is what it acts on."""
     attempt = running_attempt(job, instance_id)
     if attempt is None:
         return ignore(Outcome.SIGNALLED_RECENTLY)
+    signals = checkpoint_signals(job, attempt)
+    if not signals:
+        return ignore(Outcome.NO_CHECKPOINT_REQUESTS, f"checkpoint mode {job.require_spec().checkpoint.value}")
     last = attempt.checkpoint_signalled_at
     if last is not None and now - last < REBALANCE_SIGNAL_INTERVAL:
         return ignore(Outcome.SIGNALLED_RECENTLY)
     noted = job.with_attempt(attempt.model_copy(update={"checkpoint_signalled_at": now}), now=now)
-    signal = signal_checkpoint(job, attempt)
-    return Decision(Outcome.CHECKPOINT_REQUESTED, noted, (signal,), metrics={"RebalanceCheckpoints": 1})
+    return Decision(Outcome.CHECKPOINT_REQUESTED, noted, signals, metrics={"RebalanceCheckpoints": 1})
 
 
 # ---- reports from the training container --------------------------------------------------------
@@ -259,7 +269,10 @@ def _settle_metrics(before: Job, after: Job) -> dict[str, float]:
 
 # ---- policy stops -------------------------------------------------------------------------------
 def request_stop(job: Job, reason: Reason, *, detail: str, now: datetime) -> Decision:
-    """Checkpoint first; the instances go when that checkpoint is committed (or at the deadline)."""
+    """Checkpoint first; the instances go when that checkpoint is committed (or at the deadline).
+
+    A job that takes no checkpoint requests has none to wait for: its stop is due at once
+    (`fate.stop_is_due`), and stopping its instances sends the SIGTERM a `directory` job saves on."""
     if job.state is not JobState.RUNNING or job.stop_request is not None:
         return ignore(Outcome.NOT_RUNNING)
     request = StopRequest(
@@ -271,11 +284,11 @@ def request_stop(job: Job, reason: Reason, *, detail: str, now: datetime) -> Dec
     )
     asked = job.model_copy(update={"stop_request": request, "updated_at": now, "status_detail": detail})
     attempt = job.current_attempt
-    effects = (signal_checkpoint(job, attempt),) if attempt is not None else ()
+    effects = checkpoint_signals(job, attempt) if attempt is not None else ()
     metric = STOP_METRIC.get(reason, "PolicyStops")
-    return Decision(
-        Outcome.STOP_REQUESTED, asked, effects, f"stop requested ({reason.value}): checkpoint first", {metric: 1}
-    )
+    how = "checkpoint first" if effects else "SIGTERM now"
+    stop = Decision(Outcome.STOP_REQUESTED, asked, effects, f"stop requested ({reason.value}): {how}", {metric: 1})
+    return stop if effects else stop.then(settle(asked, now=now))
 
 
 def on_idle_alarm(job: Job, instance_id: str, *, now: datetime) -> Decision:

@@ -94,6 +94,7 @@ class Outcome(StrEnum):
     NOT_AN_END = "ignored: the state changes nothing"
     ALREADY_HANDLED = "ignored: already recorded, replaced or over"
     SIGNALLED_RECENTLY = "ignored: no running attempt, or signalled moments ago"
+    NO_CHECKPOINT_REQUESTS = "ignored: the job's checkpoint mode takes no checkpoint-now"
     NOT_NEWER = "ignored: not newer than what is recorded"
     NOT_RUNNING = "ignored: not running, or a stop is already under way"
     ALARM_OF_ENDED_ATTEMPT = "ignored: the alarm's attempt is over (alarm deleted)"
@@ -119,6 +120,7 @@ IGNORED = frozenset(
         Outcome.NOT_AN_END,
         Outcome.ALREADY_HANDLED,
         Outcome.SIGNALLED_RECENTLY,
+        Outcome.NO_CHECKPOINT_REQUESTS,
         Outcome.NOT_NEWER,
         Outcome.NOT_RUNNING,
         Outcome.ALARM_OF_ENDED_ATTEMPT,

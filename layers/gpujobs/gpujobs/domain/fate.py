@@ -137,10 +137,13 @@ def interruption_moves(job: Job, *, already_counted: bool = False) -> Move:
 
 
 def stop_is_due(job: Job, *, now: datetime) -> bool:
-    """A policy stop may take the instances now: its checkpoint arrived or its deadline passed."""
+    """A policy stop may take the instances now: its checkpoint arrived, its deadline passed, or the
+    job takes no checkpoint requests (nothing to wait for; `directory` saves on the stop's SIGTERM)."""
     request = job.stop_request
     if request is None:
         return False
+    if not job.require_spec().checkpoint.takes_checkpoint_requests:
+        return True
     newer = job.checkpoint_step is not None and (
         request.checkpoint_step_at_request is None or job.checkpoint_step > request.checkpoint_step_at_request
     )

@@ -9,8 +9,12 @@ field is ever spliced into a shell command.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpujobs.domain.job import Attempt, Job
+from gpujobs.domain.job_access import outputs_uri
 
 RUN_DOCUMENT_VERSION = 1
 
@@ -60,6 +64,12 @@ class RunDocument(BaseModel):
     outputs_uri: str = ""
     """s3://bucket/outputs/<job_id>/: where the bootstrap uploads the workload's output folder
     (`gpujobs.instance.outputs`); "" gives the workload no output folder."""
+    checkpoint_mode: str = "gpujobs"
+    """The spec's `checkpoint` (gpujobs, directory or none): the launcher syncs, restores or neither."""
+    code_uri: str = ""
+    """The spec's `code` archive (s3://...), unpacked by the launcher into the working directory."""
+    code_sha256: str = ""
+    """Its hex SHA-256 when known: the launcher refuses an archive with any other digest."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -97,3 +107,46 @@ class RunDocumentPointer(BaseModel):
             attempt=doc.attempt if doc else None,
             event_bus=doc.event_bus if doc else "",
         )
+
+
+def run_document(
+    job: Job,
+    attempt: Attempt,
+    *,
+    bucket: str,
+    event_bus: str,
+    region: str,
+    log_group: str,
+    wait_for_attempt: int | None,
+    report_key: str,
+    access: dict[str, Any],
+) -> RunDocument:
+    """Pure: the run document of `attempt` from the job's spec and the stack's settings.
+
+    `access` is the job role, session policy and tags (`job_access`), empty when the stack has no job role.
+    """
+    spec = job.require_spec()
+    return RunDocument(
+        job_id=job.job_id,
+        attempt=attempt.number,
+        name=spec.name,
+        image=spec.image,
+        command=list(spec.command),
+        env=dict(spec.env),
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        checkpoint_uri=f"s3://{bucket}/jobs/{job.job_id}/ckpt",
+        resume_from_step=job.checkpoint_step,
+        checkpoint_every_minutes=spec.checkpoint_every_minutes,
+        event_bus=event_bus,
+        region=region,
+        wait_for_attempt=wait_for_attempt,
+        report_key=report_key,
+        secrets=dict(spec.secrets),
+        log_group=log_group,
+        outputs_uri=outputs_uri(bucket=bucket, job_id=job.job_id),
+        checkpoint_mode=spec.checkpoint.value,
+        code_uri=spec.code or "",
+        code_sha256=spec.code_sha256 or "",
+        **access,
+    )

@@ -99,6 +99,27 @@ class IdleAction(StrEnum):
     IGNORE = "ignore"
 
 
+class CheckpointMode(StrEnum):
+    """How a job takes part in checkpointing (docs/job-spec.md, "Any training script")."""
+
+    GPUJOBS = "gpujobs"
+    """The script uses `gpujobs_trainer`: it saves on request (SIGUSR1) and on preemption (SIGTERM)."""
+    DIRECTORY = "directory"
+    """The script saves and loads its own files under `$GPUJOBS_CHECKPOINT_DIR`; the launcher syncs
+    that folder to S3 and restores it. It never gets SIGUSR1; stops and spot warnings send SIGTERM."""
+    NONE = "none"
+    """Nothing is saved: every attempt starts from scratch. Never signalled to checkpoint."""
+
+    @property
+    def takes_checkpoint_requests(self) -> bool:
+        """Whether the workload understands "checkpoint now" (SIGUSR1) and reports its commits."""
+        return self is CheckpointMode.GPUJOBS
+
+
+S3_OBJECT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]{1,1024}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
 class IdlePolicy(BaseModel):
     """When a job's GPUs count as idle, and what to do about it."""
 
@@ -147,6 +168,18 @@ class JobSpec(BaseModel):
     max_cost_usd: StrictNumber | None = Field(default=None, gt=0)
     checkpoint_every_minutes: StrictInt = Field(default=30, ge=1, le=1440)
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
+    checkpoint: CheckpointMode = Field(
+        default=CheckpointMode.GPUJOBS,
+        description="gpujobs (the trainer library), directory (sync $GPUJOBS_CHECKPOINT_DIR) or none",
+    )
+    code: Annotated[str, StringConstraints(min_length=1, max_length=1100), AfterValidator(_printable)] | None = Field(
+        default=None,
+        description="a .tar.gz of code unpacked into the working directory before the command: s3://bucket/key; "
+        "in a file given to `gpujobs submit`, a local folder it packs and uploads",
+    )
+    code_sha256: Annotated[str, StringConstraints(pattern=SHA256_PATTERN)] | None = Field(
+        default=None, description="hex SHA-256 of the code archive; the launcher refuses any other bytes"
+    )
     team: Team = "default"
     client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)
     secrets: dict[str, Annotated[str, StringConstraints(max_length=2048)]] = Field(
@@ -200,6 +233,26 @@ class JobSpec(BaseModel):
             raise ValueError("secrets: " + "; ".join(bad))
         return self
 
+    @field_validator("code")
+    @classmethod
+    def _code_is_an_archive_in_s3(cls, code: str | None, info: ValidationInfo) -> str | None:
+        """The queue takes only S3 code; a local folder is valid where `gpujobs submit` packs it."""
+        if code is None or re.fullmatch(S3_OBJECT_PATTERN, code):
+            return code
+        if code.startswith("s3://"):
+            raise ValueError(f"{code[:80]!r} is not s3://bucket/key")
+        if not (info.context or {}).get("local_code"):
+            raise ValueError("must be s3://bucket/key here; a local folder is packed and uploaded by `gpujobs submit`")
+        return code
+
+    @field_validator("code_sha256")
+    @classmethod
+    def _digest_of_an_s3_archive(cls, digest: str | None, info: ValidationInfo) -> str | None:
+        code = info.data.get("code")
+        if digest is not None and not (code and code.startswith("s3://")):
+            raise ValueError("only for an s3:// code archive (submit computes it for a folder it packs)")
+        return digest
+
     @field_validator("instance_types")
     @classmethod
     def _allowed_types(cls, types: list[str], info: ValidationInfo) -> list[str]:
@@ -232,6 +285,7 @@ _PATTERN_RULES = {
     TEAM_PATTERN: "lowercase letters, digits and '-', 1 to 63 characters",
     IMAGE_PATTERN: "a container image reference registry/repo[:tag][@sha256:digest] without whitespace",
     INSTANCE_TYPE_PATTERN: "an EC2 instance type such as g5.xlarge",
+    SHA256_PATTERN: "a SHA-256 in lowercase hex (64 characters)",
 }
 
 
@@ -310,10 +364,12 @@ def validate_spec(
     *,
     allowed_instance_types: Iterable[str] | None = None,
     priced_instance_types: Iterable[str] | None = None,
+    local_code: bool = False,
 ) -> JobSpec:
     """Validate a parsed document against the spec and, when given, the stack's allow-list and the
-    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced)."""
-    context: dict[str, frozenset[str]] = {}
+    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced).
+    `local_code`: `code` may name a local folder (a file `gpujobs submit` packs), not only S3."""
+    context: dict[str, object] = {"local_code": local_code}
     if allowed_instance_types is not None:
         context["allowed_instance_types"] = frozenset(allowed_instance_types)
     if priced_instance_types is not None:
@@ -328,8 +384,10 @@ def validate_spec(
     return spec
 
 
-def load_spec(text: str | bytes, *, allowed_instance_types: Iterable[str] | None = None) -> JobSpec:
-    return validate_spec(parse_document(text), allowed_instance_types=allowed_instance_types)
+def load_spec(
+    text: str | bytes, *, allowed_instance_types: Iterable[str] | None = None, local_code: bool = False
+) -> JobSpec:
+    return validate_spec(parse_document(text), allowed_instance_types=allowed_instance_types, local_code=local_code)
 
 
 def json_schema() -> dict[str, Any]:

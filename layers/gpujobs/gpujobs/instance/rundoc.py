@@ -45,6 +45,9 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "secrets": (dict, {}),
     "log_group": (str, ""),
     "outputs_uri": (str, ""),
+    "checkpoint_mode": (str, "gpujobs"),
+    "code_uri": (str, ""),
+    "code_sha256": (str, ""),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 

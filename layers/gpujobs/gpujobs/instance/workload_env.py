@@ -30,6 +30,7 @@ def container_env(
             "GPUJOBS_MASTER_PORT": str(doc["master_port"]),
             "GPUJOBS_CHECKPOINT_URI": doc["checkpoint_uri"],
             "GPUJOBS_CHECKPOINT_EVERY_MINUTES": str(doc["checkpoint_every_minutes"]),
+            "GPUJOBS_CHECKPOINT_MODE": doc["checkpoint_mode"],
             "GPUJOBS_EVENT_BUS": doc["event_bus"],
             "GPUJOBS_INSTANCE_ID": instance_id,
             "AWS_REGION": region,
@@ -38,6 +39,8 @@ def container_env(
     )
     if doc["report_key"]:  # the trainer signs its reports with it (gpujobs.domain.report_auth)
         env[REPORT_KEY_ENV] = doc["report_key"]
+    if doc["code_uri"]:  # the launcher unpacks it before the command starts
+        env.update(GPUJOBS_CODE_URI=doc["code_uri"], GPUJOBS_CODE_SHA256=doc["code_sha256"])
     if doc["resume_from_step"] is not None:
         env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
     if output_dir:

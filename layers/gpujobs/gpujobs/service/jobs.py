@@ -29,10 +29,10 @@ from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
-from gpujobs.domain.job_access import outputs_uri, session_policy_json, session_tags
+from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.launching import LAUNCH_LEASE, Gang, cancel, claim_launch, end_launch, record_launch
-from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer, run_document
 from gpujobs.domain.spec import JobSpec, SpecError, parse_document, validate_spec
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.domain.teams import TeamDirectory
@@ -289,27 +289,16 @@ class JobService:
         )
 
     def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:
-        spec = job.require_spec()
-        doc = RunDocument(
-            job_id=job.job_id,
-            attempt=attempt.number,
-            name=spec.name,
-            image=spec.image,
-            command=list(spec.command),
-            env=dict(spec.env),
-            nodes=spec.nodes,
-            gpus_per_node=spec.gpus_per_node,
-            checkpoint_uri=f"s3://{self.config.checkpoint_bucket}/jobs/{job.job_id}/ckpt",
-            resume_from_step=job.checkpoint_step,
-            checkpoint_every_minutes=spec.checkpoint_every_minutes,
+        doc = run_document(
+            job,
+            attempt,
+            bucket=self.config.checkpoint_bucket,
             event_bus=self.config.event_bus_name,
             region=self.config.region,
+            log_group=self.config.job_log_group,
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
             report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
-            secrets=dict(spec.secrets),
-            log_group=self.config.job_log_group,
-            outputs_uri=outputs_uri(bucket=self.config.checkpoint_bucket, job_id=job.job_id),
-            **self._job_access(job, attempt),
+            access=self._job_access(job, attempt),
         )
         try:
             return self.render_user_data(doc)

@@ -1,0 +1,112 @@
+"""The spec's ``code:``: a .tar.gz fetched from S3 and unpacked into the working directory.
+
+`gpujobs submit` packs a local folder and uploads it under the job's prefix (or the spec names an
+archive in S3 the job may read); the launcher unpacks it before the command starts, so a job ships
+new code without a new image. The archive is untrusted input: its bytes must have the SHA-256 the
+job carries (when it carries one), and only regular files and folders at relative paths inside the
+working directory are written. Absolute paths, ``..``, links of either kind, devices and FIFOs
+refuse the whole archive before anything is written, and so does an archive that unpacks to more
+than `MAX_UNPACKED_BYTES`. Files keep their permission bits, less setuid/setgid/sticky, and are
+opened with O_NOFOLLOW.
+
+A refused or unreadable archive is a configuration error (exit 78): another attempt would fetch
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlparse
+
+from gpujobs_trainer.errors import ConfigError
+
+log = logging.getLogger("gpujobs_trainer.code_archive")
+
+MAX_UNPACKED_BYTES = 2 * 1024**3
+MAX_MEMBERS = 100_000
+_CHUNK = 1024 * 1024
+
+
+class CodeArchiveError(ConfigError):
+    """The code archive cannot be fetched, is not the one the job names, or is unsafe to unpack."""
+
+
+def fetch(uri: str, expected_sha256: str, into: Path, *, s3: Any = None) -> Path:
+    """Download ``uri`` (s3://bucket/key) into the folder ``into``; refuse bytes of another digest."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
+        raise CodeArchiveError(f"code {uri!r} is not s3://bucket/key")
+    if s3 is None:
+        import boto3
+
+        s3 = boto3.client("s3")
+    from botocore.exceptions import ClientError
+
+    target = into / "code.tar.gz"
+    try:
+        s3.download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
+    except ClientError as exc:
+        raise CodeArchiveError(f"cannot read the code archive {uri}: {exc}") from exc
+    if expected_sha256:
+        with open(target, "rb") as handle:
+            actual = hashlib.file_digest(handle, "sha256").hexdigest()
+        if actual != expected_sha256:
+            raise CodeArchiveError(f"code archive {uri} has SHA-256 {actual}, the job names {expected_sha256}")
+    return target
+
+
+def _member_path(member: tarfile.TarInfo) -> PurePosixPath:
+    name = member.name.removeprefix("./")
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
+        raise CodeArchiveError(f"code archive member {member.name[:120]!r} is not a path inside the working dir")
+    if not (member.isfile() or member.isdir()):
+        raise CodeArchiveError(f"code archive member {member.name[:120]!r} is a link or special file: refused")
+    return path
+
+
+def check_members(members: list[tarfile.TarInfo]) -> list[tuple[PurePosixPath, tarfile.TarInfo]]:
+    """Every member as a safe relative path, or CodeArchiveError before anything is written."""
+    if len(members) > MAX_MEMBERS:
+        raise CodeArchiveError(f"code archive has {len(members)} entries, more than {MAX_MEMBERS}")
+    total = sum(m.size for m in members if m.isfile())
+    if total > MAX_UNPACKED_BYTES:
+        raise CodeArchiveError(f"code archive unpacks to {total} bytes, more than {MAX_UNPACKED_BYTES}")
+    return [(_member_path(m), m) for m in members]
+
+
+def unpack(archive: Path, dest: Path) -> int:
+    """Write the archive's files under ``dest``; returns how many files were written."""
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            checked = check_members(tar.getmembers())
+            written = 0
+            for path, member in checked:
+                target = dest.joinpath(*path.parts)
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                assert source is not None  # a regular file always has contents
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                with source, os.fdopen(os.open(target, flags, member.mode & 0o777), "wb") as out:
+                    while chunk := source.read(_CHUNK):
+                        out.write(chunk)
+                written += 1
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise CodeArchiveError(f"cannot unpack the code archive: {exc}") from exc
+    return written
+
+
+def install(uri: str, sha256: str, dest: Path) -> None:
+    """Fetch, verify and unpack the job's code into ``dest`` (the command's working directory)."""
+    with tempfile.TemporaryDirectory(prefix="gpujobs-code-") as scratch:
+        count = unpack(fetch(uri, sha256, Path(scratch)), dest)
+    log.info("unpacked %d file(s) of %s into %s", count, uri, dest)
