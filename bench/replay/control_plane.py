@@ -1,0 +1,335 @@
+"""The `gpujobs` row: the real control plane, replayed against spot traces at simulated time.
+
+Nothing of the control plane's policy is written here. The service layer (`JobService`,
+`Reactions`, `Reconciler`) runs on the in-memory fakes of `gpujobs.adapters.memory` and an
+injected clock, and this module plays only what lies on the other side of its ports:
+
+- EC2 (`TraceEC2`): one subnet per trace file; a spot launch is refused with
+  `InsufficientInstanceCapacity` unless the pool's count, less the instances the job already
+  holds there, has room for the gang; a running gang gets the interruption warning `warning_s`
+  before the first tick without room for it (at once if it launched later than that) and is
+  reclaimed at that tick; every instance that goes away is reported as a state change.
+- The trainers (`model.Gang`): boot, restore the newest committed checkpoint (a replacement's
+  bootstrap first waits for the reclaimed attempt to commit or end, as `instance/handover.py`
+  does), train, heartbeat every minute, save every `checkpoint_every_minutes` of the spec, and on
+  the notice (the trainer's IMDS watcher; the control plane's SSM checkpoint-now arrives in the
+  same seconds) save once, commit, exit 75 and power off. A gang that finishes exits 0.
+- EventBridge and the schedule: every report and state change is delivered at once, in order,
+  through the same `Reactions` calls the Lambda handlers make, and the reconciler runs every minute.
+
+The run is driven by a queue of timed events; the clock jumps from one to the next and nothing
+sleeps, so a 45-day trace replays in seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from gpujobs.adapters.memory import (
+    FakeCompute,
+    FixedClock,
+    FixedReportKeys,
+    InMemoryBlobStore,
+    InMemoryBudgetBook,
+    InMemoryIdleAlarms,
+    InMemoryJobStore,
+    RecordingPublisher,
+    RecordingSignaller,
+    TablePrices,
+)
+from gpujobs.contract import ExitCode
+from gpujobs.domain.job import Job
+from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.domain.states import JobState
+from gpujobs.service.changes import Backoff
+from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.ports import CapacityError, LaunchRequest, Subnet
+from gpujobs.service.reactions import Reactions
+from gpujobs.service.reconcile import Reconciler
+
+from .model import Gang, Ledger, Params, Result
+from .traces import Pool, TraceSet
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+RECONCILE_EVERY_S = 60.0
+"""The stack's schedule: `rate(1 minute)`."""
+HEARTBEAT_EVERY_S = 60.0
+"""The trainer's default `GPUJOBS_HEARTBEAT_SECONDS`."""
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:goodput"
+
+
+class ReconcilerError(RuntimeError):
+    """The reconciler counted an error: a replay that hides one would report numbers about a bug."""
+
+
+@dataclass
+class Run:
+    """One attempt's gang as the cloud sees it: its instances, where, and its trainer."""
+
+    attempt: int
+    instance_ids: tuple[str, ...]
+    pool: Pool
+    launched_at: float
+    market: str
+    up: set[str] = field(default_factory=set)
+    gang: Gang | None = None
+    warned_at: float | None = None
+    exits_at: float | None = None
+    """When its trainer, warned, will have committed its last save and exited."""
+
+    @property
+    def training(self) -> bool:
+        return self.gang is not None and self.gang.stopped_at == math.inf and len(self.up) == len(self.instance_ids)
+
+
+def spec_for(params: Params) -> dict[str, object]:
+    """The job as a user would submit it: spot only (as the anchors), every interruption tolerated."""
+    return {
+        "name": "goodput-bench",
+        "image": IMAGE,
+        "command": ["python", "train.py"],
+        "nodes": params.nodes,
+        "gpus_per_node": params.gpus_per_node,
+        "instance_types": [params.instance_type],
+        "capacity": "spot",
+        "max_interruptions": 100,
+        "max_runtime_minutes": 43200,
+        "checkpoint_every_minutes": params.checkpoint_every_minutes,
+        "idle": {"action": "ignore"},
+    }
+
+
+def json_user_data(doc: RunDocument | RunDocumentPointer) -> str:
+    return doc.model_dump_json()
+
+
+class ControlPlaneReplay:
+    """The control plane wired to the fakes, EC2 following `traces`, and the workload on top."""
+
+    def __init__(self, traces: TraceSet, params: Params, *, seed: int = 0) -> None:
+        self.traces, self.params = traces, params
+        self.clock = FixedClock(START)
+        self.pools = {f"subnet-{i:02d}": pool for i, pool in enumerate(traces.pools)}
+        self.compute = FakeCompute(
+            subnet_list=[Subnet(sid, pool.name) for sid, pool in self.pools.items()],
+            clock=self.clock,
+            on_run=self._refuse_without_room,
+        )
+        self.store = InMemoryJobStore()
+        self.publisher = RecordingPublisher()
+        self.signaller = RecordingSignaller()
+        rng = random.Random(seed)
+        self.service = JobService(
+            store=self.store,
+            compute=self.compute,
+            publisher=self.publisher,
+            blobs=InMemoryBlobStore(),
+            clock=self.clock,
+            config=LaunchConfig(
+                checkpoint_bucket="goodput-bench",
+                event_bus_name="goodput-bench",
+                region="us-east-1",
+                allowed_instance_types=(params.instance_type,),
+            ),
+            render_user_data=json_user_data,
+            budgets=InMemoryBudgetBook(),
+            alarms=InMemoryIdleAlarms(),
+            report_keys=FixedReportKeys(),
+            jitter=rng.random,
+            backoff=Backoff(sleep=lambda _seconds: None, jitter=rng.random),
+        )
+        self.reactions = Reactions(jobs=self.service, signaller=self.signaller)
+        prices = {
+            (params.instance_type, "spot"): params.spot_usd_per_hour,
+            (params.instance_type, "on-demand"): params.on_demand_usd_per_hour,
+        }
+        self.reconciler = Reconciler(reactions=self.reactions, prices=TablePrices(prices))
+        self.ledger = Ledger(params)
+        self.runs: dict[int, Run] = {}
+        self.commits: list[float] = [0.0]
+        self.done_at: float | None = None
+        self.job_id = ""
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+
+    # ---- time -------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return (self.clock.now() - START).total_seconds()
+
+    def at(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._queue, (t, next(self._order), action))
+
+    def replay(self) -> Result:
+        """Submit the job at the trace's start and play events until it ends or the trace does."""
+        outcome = self.service.handle_message(json.dumps(spec_for(self.params)), message_id="goodput-bench")
+        self.job_id = outcome.job.job_id
+        self._observe()
+        self._reconcile()
+        while self._queue and not self.job.state.is_terminal:
+            t, _, action = heapq.heappop(self._queue)
+            if t > self.traces.end:
+                break
+            self.clock.current = START + timedelta(seconds=t)
+            action()
+            self._observe()
+        for run in self.runs.values():  # the trace ended under a gang that was still up: paid until then
+            self.ledger.pay(run.launched_at, self.now, run.market, instances=len(run.up))
+        return self._result()
+
+    @property
+    def job(self) -> Job:
+        return self.store.get(self.job_id)
+
+    def _reconcile(self) -> None:
+        report = self.reconciler.run()
+        if report.repairs["errors"]:
+            raise ReconcilerError(f"the reconciler failed at {self.now:.0f} s: {dict(report.repairs)}")
+        self.at(self.now + RECONCILE_EVERY_S, self._reconcile)
+
+    # ---- EC2 --------------------------------------------------------------------------------
+    def _refuse_without_room(self, request: LaunchRequest) -> None:
+        if request.market.value != "spot":
+            return
+        pool = self.pools[request.subnet.subnet_id]
+        held = sum(len(r.up) for r in self.runs.values() if r.pool is pool)
+        if pool.capacity(self.now) - held < request.count:
+            raise CapacityError(
+                "InsufficientInstanceCapacity",
+                f"We currently do not have sufficient {request.instance_type} capacity in {pool.name}.",
+            )
+
+    def _observe(self) -> None:
+        """Take note of the gangs the control plane launched and the instances it terminated, until
+        nothing changes (reporting an instance gone may make the control plane launch or terminate)."""
+        while self._observe_once():
+            pass
+
+    def _observe_once(self) -> bool:
+        launched: dict[int, list[str]] = {}
+        for iid, fake in self.compute.instances.items():
+            request = fake.request
+            if request.attempt not in self.runs and fake.state == "running":
+                launched.setdefault(request.attempt, []).append(iid)
+        for attempt, ids in launched.items():
+            self._start(attempt, tuple(ids))
+        ended = [(run, iid) for run in self.runs.values() for iid in sorted(run.up)]
+        ended = [(run, iid) for run, iid in ended if self.compute.instances[iid].state != "running"]
+        for run, iid in ended:
+            self._gone(run, iid)
+        return bool(launched or ended)
+
+    def _start(self, attempt: int, ids: tuple[str, ...]) -> None:
+        request = self.compute.instances[ids[0]].request
+        pool = self.pools[request.subnet.subnet_id]
+        run = Run(attempt, ids, pool, self.now, request.market.value, up=set(ids))
+        self.runs[attempt] = run
+        self.at(self.now + self.params.boot_s, lambda: self._boot(run))
+        drop = pool.next_drop(self.now, nodes=self.params.nodes) if run.market == "spot" else None
+        if drop is not None:
+            reclaimed = ids[max(0, pool.capacity(drop)) :] or ids
+            self.at(max(self.now, drop - self.params.warning_s), lambda: self._warn(run, reclaimed))
+            self.at(drop, lambda: self._reclaim(run, reclaimed))
+
+    def _gone(self, run: Run, iid: str) -> None:
+        """An instance went away (reclaimed, powered off or terminated): paid until now, reported."""
+        fake = self.compute.instances[iid]
+        if fake.state == "running":
+            fake.state = "terminated"
+        run.up.discard(iid)
+        self.ledger.pay(run.launched_at, self.now, run.market, instances=1)
+        if run.gang is not None:
+            run.gang.stopped_at = min(run.gang.stopped_at, self.now)
+        self.reactions.instance_state(iid, fake.state)
+
+    def _warn(self, run: Run, reclaimed: tuple[str, ...]) -> None:
+        for iid in reclaimed:
+            if iid in run.up:
+                self.reactions.spot_warning(iid)
+        run.warned_at = self.now
+        if run.training:  # the trainer saves once, commits, then exits 75
+            gang = run.gang
+            assert gang is not None
+            gang.stopped_at = self.now
+            saved = gang.progress_at(self.now)
+            run.exits_at = self.now + self.params.save_commit_s
+            self.at(run.exits_at, lambda: self._commit(run, saved))
+            self.at(run.exits_at, lambda: self._exit(run, ExitCode.PREEMPTED))
+        elif run.gang is not None:  # still restoring: it stops without anything new to save
+            run.gang.stopped_at = self.now
+
+    def _reclaim(self, run: Run, reclaimed: tuple[str, ...]) -> None:
+        for iid in reclaimed:
+            if iid in run.up:
+                self._gone(run, iid)
+
+    # ---- the trainers -------------------------------------------------------------------------
+    def _boot(self, run: Run) -> None:
+        if len(run.up) < len(run.instance_ids) or run.warned_at is not None:
+            return  # gone or warned before its trainer started
+        handover = max((r.exits_at for r in self.runs.values() if r.exits_at and r.up), default=0.0)
+        if handover > self.now:  # the bootstrap waits for the reclaimed attempt's last save
+            self.at(handover, lambda: self._boot(run))
+            return
+        gang = Gang.launch(self.params, at=run.launched_at, resume_from=max(self.commits), booted_at=self.now)
+        run.gang = gang
+        self.at(gang.ready_at + self.params.checkpoint_every_s, lambda: self._save(run))
+        self.at(gang.ready_at + HEARTBEAT_EVERY_S, lambda: self._heartbeat(run))
+        self.at(gang.finish_at(self.params.work_s), lambda: self._finish(run))
+
+    def _save(self, run: Run) -> None:
+        if run.training and run.gang is not None:
+            saved = run.gang.progress_at(self.now)
+            self.at(self.now + self.params.save_commit_s, lambda: self._commit(run, saved))
+            self.at(self.now + self.params.checkpoint_every_s, lambda: self._save(run))
+
+    def _commit(self, run: Run, saved: float) -> None:
+        if run.up:  # a save still uploading when its instances went is lost with them
+            self.commits.append(saved)
+            step = self._step(saved)
+            uri = f"s3://goodput-bench/jobs/{self.job_id}/ckpt/step-{step:08d}"
+            self.reactions.checkpoint_committed(job_id=self.job_id, attempt=run.attempt, step=step, uri=uri)
+
+    def _heartbeat(self, run: Run) -> None:
+        if run.training and run.gang is not None:
+            step = self._step(run.gang.progress_at(self.now))
+            self.reactions.heartbeat(job_id=self.job_id, attempt=run.attempt, step=step)
+            self.at(self.now + HEARTBEAT_EVERY_S, lambda: self._heartbeat(run))
+
+    def _finish(self, run: Run) -> None:
+        if run.training:
+            self.done_at = self.now
+            self._exit(run, ExitCode.SUCCEEDED)
+
+    def _exit(self, run: Run, code: int) -> None:
+        """Each node reports its exit, then its bootstrap powers it off."""
+        for iid in run.instance_ids:
+            if iid in run.up:
+                self.reactions.job_exited(job_id=self.job_id, attempt=run.attempt, exit_code=code, instance_id=iid)
+                self._gone(run, iid)
+
+    def _step(self, progress: float) -> int:
+        return int(progress // self.params.step_s)
+
+    # ---- the score ----------------------------------------------------------------------------
+    def _result(self) -> Result:
+        done = self.job.state is JobState.SUCCEEDED and self.done_at is not None
+        useful = self.params.work_s if done else max(self.commits)
+        gangs = [r.gang for r in self.runs.values() if r.gang is not None]
+        trained = sum(g.progress_at(min(g.stopped_at, self.now)) - g.resumed_from for g in gangs)
+        self.ledger.lose(trained - useful)
+        self.ledger.interruptions = self.job.interruptions
+        return self.ledger.result(
+            folder=str(self.traces.folder), strategy="gpujobs", done_at=self.done_at if done else None, useful_s=useful
+        )
+
+
+def gpujobs(traces: TraceSet, params: Params) -> Result:
+    return ControlPlaneReplay(traces, params).replay()
