@@ -215,9 +215,8 @@ class ControlPlaneReplay:
     def _observe_once(self) -> bool:
         launched: dict[int, list[str]] = {}
         for iid, fake in self.compute.instances.items():
-            request = fake.request
-            if request.attempt not in self.runs and fake.state == "running":
-                launched.setdefault(request.attempt, []).append(iid)
+            if fake.request.attempt not in self.runs:  # even one terminated within the same call
+                launched.setdefault(fake.request.attempt, []).append(iid)
         for attempt, ids in launched.items():
             self._start(attempt, tuple(ids))
         ended = [(run, iid) for run in self.runs.values() for iid in sorted(run.up)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from bench.replay.traces import TraceError, load_trace_sets
 from tests.bench.conftest import write_trace, write_zones
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     assert main([*args, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
@@ -25,7 +26,6 @@ def test_every_folder_of_traces_is_one_set_of_zones_with_a_row_per_strategy(tmp_
     (tmp_path / "README.md").write_text("not a trace")
     out = run_json(capsys, "--traces", str(tmp_path), "--hours-of-work", "2")
     rows = out["results"]
-    assert isinstance(rows, list)
     assert [(Path(r["traces"]).name, r["strategy"]) for r in rows] == [
         (folder, strategy)
         for folder in ("week-1", "west")
@@ -37,14 +37,13 @@ def test_every_folder_of_traces_is_one_set_of_zones_with_a_row_per_strategy(tmp_
     }  # fmt: skip
     assert all(r["met_deadline"] is None for r in rows)
     params = out["params"]
-    assert isinstance(params, dict)
     assert (params["boot_s"], params["spot_usd_per_hour"], params["on_demand_usd_per_hour"]) == (480.0, 0.918, 3.06)
 
 
 def test_a_deadline_adds_uniform_progress_and_says_who_met_it(tmp_path, capsys):
     write_zones(tmp_path)
     out = run_json(capsys, "--traces", str(tmp_path), "--hours-of-work", "2", "--deadline-hours", "2.4")
-    met = {r["strategy"]: r["met_deadline"] for r in out["results"]}  # type: ignore[union-attr]
+    met = {r["strategy"]: r["met_deadline"] for r in out["results"]}
     assert met == {
         "gpujobs": True,
         "skypilot-like": False,
@@ -57,11 +56,11 @@ def test_a_deadline_adds_uniform_progress_and_says_who_met_it(tmp_path, capsys):
 def test_counts_above_one_are_gangs_of_up_to_that_many_nodes(tmp_path, capsys):
     write_zones(tmp_path, per_node=4)
     out = run_json(capsys, "--traces", str(tmp_path), "--hours-of-work", "2", "--nodes", "4")
-    assert {r["strategy"]: r["hours_to_finish"] is not None for r in out["results"]} == dict.fromkeys(  # type: ignore[union-attr]
+    assert {r["strategy"]: r["hours_to_finish"] is not None for r in out["results"]} == dict.fromkeys(
         ("gpujobs", "skypilot-like", "sagemaker-like", "on-demand"), True
     )
     too_big = run_json(capsys, "--traces", str(tmp_path), "--hours-of-work", "2", "--nodes", "5")
-    unfinished = {r["strategy"] for r in too_big["results"] if r["hours_to_finish"] is None}  # type: ignore[union-attr]
+    unfinished = {r["strategy"] for r in too_big["results"] if r["hours_to_finish"] is None}
     assert unfinished == {"gpujobs", "skypilot-like", "sagemaker-like"}  # never room for 5; on-demand is not traced
 
 
