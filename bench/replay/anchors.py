@@ -17,9 +17,9 @@ shared workload model (`model.Gang`), so that only the decisions differ:
   available and progress is on schedule, on-demand when behind, idle otherwise. The rule's
   changeover delay d is the paper's "provisioning + setup + progress loss": boot, restore and the
   work a reclaim loses at worst (one checkpoint interval); the replay itself charges what each
-  change really costs, like every other strategy's. The folder's zones
-  count as one spot market (spot is available when any zone has room; a move between zones is a
-  changeover). A switch it chooses saves first, so only a reclaim loses work.
+  change really costs, as for every other strategy. The folder's zones count as one spot market
+  (spot is available when any zone has room; a move between zones is a changeover). A switch it
+  chooses saves first, so only a reclaim loses work.
 """
 
 from __future__ import annotations
@@ -95,16 +95,13 @@ def skypilot_like(traces: TraceSet, params: Params) -> Result:
 
 
 def sagemaker_like(traces: TraceSet, params: Params) -> Result:
-    home: list[Pool] = []
-
     def place(t: float, reclaimed: Pool | None) -> tuple[float, Pool] | None:
         candidates = [reclaimed] if reclaimed is not None else list(traces.pools)
         fits = [(at, i) for i, p in enumerate(candidates) if (at := p.next_fit(t, nodes=params.nodes)) is not None]
         if not fits:
             return None
         at, index = min(fits)
-        home[:] = [candidates[index]]
-        return at, home[0]
+        return at, candidates[index]
 
     return _spot_only(traces, params, "sagemaker-like", place)
 

@@ -175,12 +175,12 @@ class ControlPlaneReplay:
         self._reconcile()
         while self._queue and not self.job.state.is_terminal:
             t, _, action = heapq.heappop(self._queue)
+            self.clock.current = START + timedelta(seconds=min(t, self.traces.end))
             if t > self.traces.end:
                 break
-            self.clock.current = START + timedelta(seconds=t)
             action()
             self._observe()
-        for run in self.runs.values():  # the trace ended under a gang that was still up: paid until then
+        for run in self.runs.values():  # the trace ended under a gang that was still up: paid until its end
             self.ledger.pay(run.launched_at, self.now, run.market, instances=len(run.up))
         return self._result()
 

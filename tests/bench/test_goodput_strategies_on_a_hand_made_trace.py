@@ -116,3 +116,12 @@ def test_a_gang_of_two_is_interrupted_when_one_of_its_nodes_is_reclaimed(tmp_pat
     assert figures(result)[3:] == (0, 1)
     assert [len(a.instance_ids) for a in replay.job.attempts if a.instance_ids] == [2, 2]
     assert figures(skypilot_like(partial, pair))[3:] == (1200, 1)
+
+
+def test_a_job_longer_than_the_trace_has_no_hours_to_finish_and_counts_only_what_it_committed(two_zones, params):
+    # 20 hours of work on a 10-hour trace: gpujobs runs as above until the warning, then in `b` from
+    # 3480 s to the trace's end at 36000 s (ready at 4140 s). Its last save that committed in time
+    # started at 34740 s, with 2880 + 30600 = 33480 s of work; the 1260 s after it die with the trace.
+    # Paid: 3492 s + 32520 s = 36012 s.
+    result = ControlPlaneReplay(two_zones, dataclasses.replace(params, hours_of_work=20.0)).replay()
+    assert figures(result) == (round(33480 / 36012, 6), round(36012 / 33480, 6), None, 1260, 1)
