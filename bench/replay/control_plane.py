@@ -1,21 +1,24 @@
 """The `gpujobs` row: the real control plane, replayed against spot traces at simulated time.
 
 Nothing of the control plane's policy is written here. The service layer (`JobService`,
-`Reactions`, `Reconciler`) runs on the in-memory fakes of `gpujobs.adapters.memory` and an
-injected clock, and this module plays only what lies on the other side of its ports:
+`Reactions`, `Reconciler`, `Reports`) runs on the in-memory fakes of `gpujobs.adapters.memory` and
+an injected clock (`stack.Stack`), and this module plays only what lies on the other side of its
+ports:
 
-- EC2 (`TraceEC2`): one subnet per trace file; a spot launch is refused with
-  `InsufficientInstanceCapacity` unless the pool's count, less the instances the job already
-  holds there, has room for the gang; a running gang gets the interruption warning `warning_s`
+- EC2 (the fake compute, refusing through `_refuse_without_room`): one subnet per trace file; a
+  spot launch is refused with `InsufficientInstanceCapacity` unless the pool's count, less the
+  instances the job already holds there, has room for the gang; a running gang gets the warning `warning_s`
   before the first tick without room for it (at once if it launched later than that) and is
   reclaimed at that tick; every instance that goes away is reported as a state change.
-- The trainers (`model.Gang`): boot, restore the newest committed checkpoint (a replacement's
-  bootstrap first waits for the reclaimed attempt to commit or end, as `instance/handover.py`
-  does), train, heartbeat every minute, save every `checkpoint_every_minutes` of the spec, and on
-  the notice (the trainer's IMDS watcher; the control plane's SSM checkpoint-now arrives in the
-  same seconds) save once, commit, exit 75 and power off. A gang that finishes exits 0.
+- The trainers (`model.Gang`), each following the run document the launch put in its user data:
+  boot, wait for the attempt the document names (`wait_for_attempt`) to commit its last save or end,
+  as `instance/handover.py` does, restore the newest committed checkpoint, train, heartbeat every
+  minute, save every `checkpoint_every_minutes`, and on the notice (the trainer's IMDS watcher; the
+  control plane's SSM checkpoint-now arrives in the same seconds) save once, commit, exit 75 and
+  power off. A gang that finishes exits 0. Reports are signed with the document's report key.
 - EventBridge and the schedule: every report and state change is delivered at once, in order,
-  through the same `Reactions` calls the Lambda handlers make, and the reconciler runs every minute.
+  through the calls the Lambda handlers make (`Reports.receive`, which checks the signature, and
+  `Reactions`), and the reconciler runs every minute.
 
 The run is driven by a queue of timed events; the clock jumps from one to the next and nothing
 sleeps, so a 45-day trace replays in seconds.
@@ -23,38 +26,27 @@ sleeps, so a 45-day trace replays in seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import json
 import math
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from gpujobs.adapters.memory import (
-    FakeCompute,
-    FixedClock,
-    FixedReportKeys,
-    InMemoryBlobStore,
-    InMemoryBudgetBook,
-    InMemoryIdleAlarms,
-    InMemoryJobStore,
-    RecordingPublisher,
-    RecordingSignaller,
-    TablePrices,
-)
+from gpujobs.adapters.memory import FixedClock
 from gpujobs.contract import ExitCode
+from gpujobs.domain.effects import Outcome
 from gpujobs.domain.job import Job
-from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.domain.report_auth import sign
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, Report, SignedReport
+from gpujobs.domain.rundoc import RunDocument
 from gpujobs.domain.states import JobState
-from gpujobs.service.changes import Backoff
-from gpujobs.service.jobs import JobService, LaunchConfig
 from gpujobs.service.ports import CapacityError, LaunchRequest, Subnet
-from gpujobs.service.reactions import Reactions
-from gpujobs.service.reconcile import Reconciler
 
 from .model import Gang, Ledger, Params, Result
+from .stack import Stack, spec_for
 from .traces import Pool, TraceSet
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -62,11 +54,13 @@ RECONCILE_EVERY_S = 60.0
 """The stack's schedule: `rate(1 minute)`."""
 HEARTBEAT_EVERY_S = 60.0
 """The trainer's default `GPUJOBS_HEARTBEAT_SECONDS`."""
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:goodput"
+HANDOVER_TIMEOUT_S = 240.0
+"""`instance.handover.wait_for_attempt`'s bound: the notice plus margin."""
 
 
-class ReconcilerError(RuntimeError):
-    """The reconciler counted an error: a replay that hides one would report numbers about a bug."""
+class ReplayError(RuntimeError):
+    """The control plane refused what the replay did (an error counted by the reconciler, a report
+    it could not verify): numbers from such a run would describe a bug in the replay, not the policy."""
 
 
 @dataclass
@@ -78,79 +72,28 @@ class Run:
     pool: Pool
     launched_at: float
     market: str
+    document: RunDocument
     up: set[str] = field(default_factory=set)
     gang: Gang | None = None
     warned_at: float | None = None
-    exits_at: float | None = None
-    """When its trainer, warned, will have committed its last save and exited."""
+    ends_by: float | None = None
+    """When it will be gone: its trainer exits after the warning's save, or EC2 reclaims it."""
 
     @property
     def training(self) -> bool:
         return self.gang is not None and self.gang.stopped_at == math.inf and len(self.up) == len(self.instance_ids)
 
 
-def spec_for(params: Params) -> dict[str, object]:
-    """The job as a user would submit it: spot only (as the anchors), every interruption tolerated."""
-    return {
-        "name": "goodput-bench",
-        "image": IMAGE,
-        "command": ["python", "train.py"],
-        "nodes": params.nodes,
-        "gpus_per_node": params.gpus_per_node,
-        "instance_types": [params.instance_type],
-        "capacity": "spot",
-        "max_interruptions": 100,
-        "max_runtime_minutes": 43200,
-        "checkpoint_every_minutes": params.checkpoint_every_minutes,
-        "idle": {"action": "ignore"},
-    }
-
-
-def json_user_data(doc: RunDocument | RunDocumentPointer) -> str:
-    return doc.model_dump_json()
-
-
 class ControlPlaneReplay:
     """The control plane wired to the fakes, EC2 following `traces`, and the workload on top."""
 
-    def __init__(self, traces: TraceSet, params: Params, *, seed: int = 0) -> None:
+    def __init__(self, traces: TraceSet, params: Params) -> None:
         self.traces, self.params = traces, params
-        self.clock = FixedClock(START)
         self.pools = {f"subnet-{i:02d}": pool for i, pool in enumerate(traces.pools)}
-        self.compute = FakeCompute(
-            subnet_list=[Subnet(sid, pool.name) for sid, pool in self.pools.items()],
-            clock=self.clock,
-            on_run=self._refuse_without_room,
-        )
-        self.store = InMemoryJobStore()
-        self.publisher = RecordingPublisher()
-        self.signaller = RecordingSignaller()
-        rng = random.Random(seed)
-        self.service = JobService(
-            store=self.store,
-            compute=self.compute,
-            publisher=self.publisher,
-            blobs=InMemoryBlobStore(),
-            clock=self.clock,
-            config=LaunchConfig(
-                checkpoint_bucket="goodput-bench",
-                event_bus_name="goodput-bench",
-                region="us-east-1",
-                allowed_instance_types=(params.instance_type,),
-            ),
-            render_user_data=json_user_data,
-            budgets=InMemoryBudgetBook(),
-            alarms=InMemoryIdleAlarms(),
-            report_keys=FixedReportKeys(),
-            jitter=rng.random,
-            backoff=Backoff(sleep=lambda _seconds: None, jitter=rng.random),
-        )
-        self.reactions = Reactions(jobs=self.service, signaller=self.signaller)
-        prices = {
-            (params.instance_type, "spot"): params.spot_usd_per_hour,
-            (params.instance_type, "on-demand"): params.on_demand_usd_per_hour,
-        }
-        self.reconciler = Reconciler(reactions=self.reactions, prices=TablePrices(prices))
+        subnets = [Subnet(subnet_id, pool.name) for subnet_id, pool in self.pools.items()]
+        self.stack = Stack.wire(params, clock=FixedClock(START), subnets=subnets, refuse=self._refuse_without_room)
+        self.clock, self.compute, self.store = self.stack.clock, self.stack.compute, self.stack.store
+        self.reactions = self.stack.reactions
         self.ledger = Ledger(params)
         self.runs: dict[int, Run] = {}
         self.commits: list[float] = [0.0]
@@ -169,7 +112,7 @@ class ControlPlaneReplay:
 
     def replay(self) -> Result:
         """Submit the job at the trace's start and play events until it ends or the trace does."""
-        outcome = self.service.handle_message(json.dumps(spec_for(self.params)), message_id="goodput-bench")
+        outcome = self.stack.service.handle_message(json.dumps(spec_for(self.params)), message_id="goodput-bench")
         self.job_id = outcome.job.job_id
         self._observe()
         self._reconcile()
@@ -189,9 +132,9 @@ class ControlPlaneReplay:
         return self.store.get(self.job_id)
 
     def _reconcile(self) -> None:
-        report = self.reconciler.run()
+        report = self.stack.reconciler.run()
         if report.repairs["errors"]:
-            raise ReconcilerError(f"the reconciler failed at {self.now:.0f} s: {dict(report.repairs)}")
+            raise ReplayError(f"the reconciler failed at {self.now:.0f} s: {dict(report.repairs)}")
         self.at(self.now + RECONCILE_EVERY_S, self._reconcile)
 
     # ---- EC2 --------------------------------------------------------------------------------
@@ -228,11 +171,13 @@ class ControlPlaneReplay:
     def _start(self, attempt: int, ids: tuple[str, ...]) -> None:
         request = self.compute.instances[ids[0]].request
         pool = self.pools[request.subnet.subnet_id]
-        run = Run(attempt, ids, pool, self.now, request.market.value, up=set(ids))
+        document = RunDocument.model_validate_json(request.user_data)  # small enough to travel inline
+        run = Run(attempt, ids, pool, self.now, request.market.value, document, up=set(ids))
         self.runs[attempt] = run
         self.at(self.now + self.params.boot_s, lambda: self._boot(run))
         drop = pool.next_drop(self.now, nodes=self.params.nodes) if run.market == "spot" else None
         if drop is not None:
+            run.ends_by = drop
             reclaimed = ids[max(0, pool.capacity(drop)) :] or ids
             self.at(max(self.now, drop - self.params.warning_s), lambda: self._warn(run, reclaimed))
             self.at(drop, lambda: self._reclaim(run, reclaimed))
@@ -258,9 +203,10 @@ class ControlPlaneReplay:
             assert gang is not None
             gang.stopped_at = self.now
             saved = gang.progress_at(self.now)
-            run.exits_at = self.now + self.params.save_commit_s
-            self.at(run.exits_at, lambda: self._commit(run, saved))
-            self.at(run.exits_at, lambda: self._exit(run, ExitCode.PREEMPTED))
+            exits_at = self.now + self.params.save_commit_s
+            run.ends_by = min(run.ends_by or math.inf, exits_at)
+            self.at(exits_at, lambda: self._commit(run, saved))
+            self.at(exits_at, lambda: self._exit(run, ExitCode.PREEMPTED))
         elif run.gang is not None:  # still restoring: it stops without anything new to save
             run.gang.stopped_at = self.now
 
@@ -273,13 +219,16 @@ class ControlPlaneReplay:
     def _boot(self, run: Run) -> None:
         if len(run.up) < len(run.instance_ids) or run.warned_at is not None:
             return  # gone or warned before its trainer started
-        handover = max((r.exits_at for r in self.runs.values() if r.exits_at and r.up), default=0.0)
-        if handover > self.now:  # the bootstrap waits for the reclaimed attempt's last save
-            self.at(handover, lambda: self._boot(run))
-            return
-        gang = Gang.launch(self.params, at=run.launched_at, resume_from=max(self.commits), booted_at=self.now)
+        awaited = self.runs.get(run.document.wait_for_attempt or 0)
+        if awaited is not None and awaited.up and awaited.ends_by is not None:
+            handover = min(awaited.ends_by, run.launched_at + self.params.boot_s + HANDOVER_TIMEOUT_S)
+            if handover > self.now:  # the bootstrap waits for the reclaimed attempt's last save
+                self.at(handover, lambda: self._boot(run))
+                return
+        every = dataclasses.replace(self.params, checkpoint_every_minutes=run.document.checkpoint_every_minutes)
+        gang = Gang.launch(every, at=run.launched_at, resume_from=max(self.commits), booted_at=self.now)
         run.gang = gang
-        self.at(gang.ready_at + self.params.checkpoint_every_s, lambda: self._save(run))
+        self.at(gang.ready_at + gang.every, lambda: self._save(run))
         self.at(gang.ready_at + HEARTBEAT_EVERY_S, lambda: self._heartbeat(run))
         self.at(gang.finish_at(self.params.work_s), lambda: self._finish(run))
 
@@ -287,19 +236,19 @@ class ControlPlaneReplay:
         if run.training and run.gang is not None:
             saved = run.gang.progress_at(self.now)
             self.at(self.now + self.params.save_commit_s, lambda: self._commit(run, saved))
-            self.at(self.now + self.params.checkpoint_every_s, lambda: self._save(run))
+            self.at(self.now + run.gang.every, lambda: self._save(run))
 
     def _commit(self, run: Run, saved: float) -> None:
         if run.up:  # a save still uploading when its instances went is lost with them
             self.commits.append(saved)
             step = self._step(saved)
-            uri = f"s3://goodput-bench/jobs/{self.job_id}/ckpt/step-{step:08d}"
-            self.reactions.checkpoint_committed(job_id=self.job_id, attempt=run.attempt, step=step, uri=uri)
+            uri = f"{run.document.checkpoint_uri}/step-{step:08d}"
+            self._report(run, CheckpointReport(self.job_id, run.attempt, step=step, uri=uri))
 
     def _heartbeat(self, run: Run) -> None:
         if run.training and run.gang is not None:
             step = self._step(run.gang.progress_at(self.now))
-            self.reactions.heartbeat(job_id=self.job_id, attempt=run.attempt, step=step)
+            self._report(run, HeartbeatReport(self.job_id, run.attempt, step=step))
             self.at(self.now + HEARTBEAT_EVERY_S, lambda: self._heartbeat(run))
 
     def _finish(self, run: Run) -> None:
@@ -311,8 +260,17 @@ class ControlPlaneReplay:
         """Each node reports its exit, then its bootstrap powers it off."""
         for iid in run.instance_ids:
             if iid in run.up:
-                self.reactions.job_exited(job_id=self.job_id, attempt=run.attempt, exit_code=code, instance_id=iid)
+                self._report(run, ExitReport(self.job_id, run.attempt, exit_code=code, instance_id=iid))
                 self._gone(run, iid)
+
+    def _report(self, run: Run, report: Report) -> None:
+        """Sign with the attempt's key from its run document, as the instance does, and deliver."""
+        signed_at = int(self.clock.now().timestamp())
+        key = bytes.fromhex(run.document.report_key)
+        signature = sign(key, report.DETAIL_TYPE, report.signed_fields(), signed_at=signed_at)
+        reaction = self.stack.reports.receive(SignedReport(report, signed_at, signature))
+        if reaction.outcome is Outcome.UNPROVEN_REPORT:
+            raise ReplayError(f"the control plane refused the trainer's report: {reaction.detail}")
 
     def _step(self, progress: float) -> int:
         return int(progress // self.params.step_s)

@@ -49,7 +49,7 @@ def test_gpujobs_saves_on_the_warning_and_its_replacement_boots_in_the_other_zon
     launched = [(r.subnet.zone, r.market.value) for r in replay.compute.calls]
     assert launched == [("a", "spot"), ("b", "spot")]  # `b` had no room at 0 s, `a` at once after the warning
     first = next(a for a in job.attempts if a.zone == "a")
-    assert replay.signaller.signals == [(first.instance_ids, first.container_name(job.job_id))]
+    assert replay.stack.signaller.signals == [(first.instance_ids, first.container_name(job.job_id))]
     assert (first.checkpoint_step, first.interrupted_at is not None) == (2880, True)
 
 
