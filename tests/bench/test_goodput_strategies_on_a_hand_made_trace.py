@@ -125,3 +125,14 @@ def test_a_job_longer_than_the_trace_has_no_hours_to_finish_and_counts_only_what
     # Paid: 3492 s + 32520 s = 36012 s.
     result = ControlPlaneReplay(two_zones, dataclasses.replace(params, hours_of_work=20.0)).replay()
     assert figures(result) == (round(33480 / 36012, 6), round(36012 / 33480, 6), None, 1260, 1)
+
+
+def test_a_replacement_that_boots_before_the_warning_save_commits_waits_for_it(two_zones, params):
+    # A 5 s boot and a 60 s commit: the replacement, launched in `b` at the warning (3480 s), is up
+    # at 3485 s, but its run document names attempt 1 to wait for, whose save of 3475 s of work
+    # commits at 3540 s. It resumes from that save (ready at 3600 s after the restore), so nothing
+    # is lost, and is done at 3600 + 3725 = 7325 s. Paid: 3540 s in `a` + 3845 s in `b`.
+    quick = dataclasses.replace(params, boot_s=5.0, save_commit_s=60.0)
+    replay = ControlPlaneReplay(two_zones, quick)
+    assert figures(replay.replay()) == (round(7200 / 7385, 6), round(7385 / 3600 / 2, 6), round(7325 / 3600, 6), 0, 1)
+    assert replay.runs[2].document.wait_for_attempt == 1
