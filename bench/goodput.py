@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.replay.control_plane import ReplayError  # noqa: E402
 from bench.replay.model import Params, Result  # noqa: E402
 from bench.replay.suite import run_all  # noqa: E402
 from bench.replay.traces import TraceError, load_trace_sets  # noqa: E402
@@ -30,20 +31,31 @@ COLUMNS = ("strategy", "goodput", "$/useful GPU-h", "hours to finish", "steps lo
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = Params()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--traces", type=Path, required=True, help="a folder of trace folders, or one trace folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--hours-of-work", type=float, default=defaults.hours_of_work)
+    parser.add_argument("--hours-of-work", type=float, default=defaults.hours_of_work, help="GPU work of the job")
     parser.add_argument("--nodes", type=int, default=defaults.nodes, help="a gang runs while a pool's count >= N")
     parser.add_argument("--deadline-hours", type=float, default=None, help="adds uniform-progress and met_deadline")
     costs = parser.add_argument_group("time costs and prices")
-    costs.add_argument("--boot-seconds", type=float, default=defaults.boot_s)
-    costs.add_argument("--restore-seconds", type=float, default=defaults.restore_s)
-    costs.add_argument("--save-stall-seconds", type=float, default=defaults.save_stall_s)
-    costs.add_argument("--save-commit-seconds", type=float, default=defaults.save_commit_s)
-    costs.add_argument("--checkpoint-every-minutes", type=int, default=defaults.checkpoint_every_minutes)
+    costs.add_argument("--boot-seconds", type=float, default=defaults.boot_s, help="launch to training container up")
+    costs.add_argument("--restore-seconds", type=float, default=defaults.restore_s, help="loading a checkpoint")
+    costs.add_argument(
+        "--save-stall-seconds", type=float, default=defaults.save_stall_s, help="training stall per save"
+    )
+    costs.add_argument("--save-commit-seconds", type=float, default=defaults.save_commit_s, help="save to committed")
+    costs.add_argument(
+        "--checkpoint-every-minutes",
+        type=int,
+        default=defaults.checkpoint_every_minutes,
+        help="checkpoint interval of every strategy",
+    )
     costs.add_argument("--spot-price", type=float, default=defaults.spot_usd_per_hour, help="USD per instance-hour")
-    costs.add_argument("--on-demand-price", type=float, default=defaults.on_demand_usd_per_hour)
+    costs.add_argument(
+        "--on-demand-price", type=float, default=defaults.on_demand_usd_per_hour, help="USD per instance-hour"
+    )
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.hours_of_work <= 0 or args.checkpoint_every_minutes < 1:
         parser.error("--nodes, --hours-of-work and --checkpoint-every-minutes must be positive")
@@ -99,11 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = params_from(args)
     try:
-        trace_sets = load_trace_sets(args.traces)
-    except TraceError as exc:
+        results = run_all(load_trace_sets(args.traces), params)
+    except (TraceError, ReplayError) as exc:
         print(f"goodput: {exc}", file=sys.stderr)
         return 2
-    results = run_all(trace_sets, params)
     if args.json:
         print(json.dumps({"params": params.as_dict(), "results": [r.as_dict() for r in results]}, indent=2))
     else:

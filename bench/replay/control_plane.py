@@ -113,6 +113,8 @@ class ControlPlaneReplay:
     def replay(self) -> Result:
         """Submit the job at the trace's start and play events until it ends or the trace does."""
         outcome = self.stack.service.handle_message(json.dumps(spec_for(self.params)), message_id="goodput-bench")
+        if outcome.job.state is JobState.REJECTED:
+            raise ReplayError(f"the control plane rejected the job: {'; '.join(outcome.job.problems)}")
         self.job_id = outcome.job.job_id
         self._observe()
         self._reconcile()

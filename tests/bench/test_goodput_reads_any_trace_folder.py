@@ -111,3 +111,11 @@ def test_the_workload_finishes_exactly_when_its_progress_reaches_the_work(work):
     assert gang.progress_at(gang.finish_at(work)) == pytest.approx(work)
     assert gang.progress_at(gang.finish_at(work) - 1) < work
     assert math.isinf(gang.stopped_at)
+
+
+def test_a_job_the_control_plane_rejects_stops_the_run_with_its_reason(tmp_path, capsys):
+    write_zones(tmp_path, per_node=100)
+    assert main(["--traces", str(tmp_path), "--nodes", "65"]) == 2
+    assert (
+        "the control plane rejected the job: nodes: Input should be less than or equal to 64" in capsys.readouterr().err
+    )
