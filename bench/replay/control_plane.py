@@ -180,7 +180,7 @@ class ControlPlaneReplay:
         drop = pool.next_drop(self.now, nodes=self.params.nodes) if run.market == "spot" else None
         if drop is not None:
             run.ends_by = drop
-            reclaimed = ids[max(0, pool.capacity(drop)) :] or ids
+            reclaimed = ids[pool.capacity(drop) :]  # the nodes beyond what the pool still holds
             self.at(max(self.now, drop - self.params.warning_s), lambda: self._warn(run, reclaimed))
             self.at(drop, lambda: self._reclaim(run, reclaimed))
 

@@ -3,7 +3,7 @@
 One model of the training job serves every strategy, so that they differ only in what they decide:
 a gang is paid from its launch; it boots (instance, AMI, image pull) for `boot_s`, restores the
 newest committed checkpoint for `restore_s` when there is one, then trains one second of work per
-second, saving a checkpoint every `checkpoint_every_s` of training wall time. A save stalls
+second, saving a checkpoint every `checkpoint_every_minutes` of training wall time. A save stalls
 training for `save_stall_s` (the asynchronous save's blocking phase) and is committed, so a
 replacement can resume from it, `save_commit_s` after it started. Work after the newest committed
 checkpoint dies with its gang. Progress is measured in seconds of work; a step is `step_s` of it.
