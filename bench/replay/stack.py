@@ -8,6 +8,7 @@ builds the stack says, through `refuse`, when a launch finds no room.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:goodput"
 
 
 def spec_for(params: Params) -> dict[str, object]:
-    """The job as a user would submit it: spot only (as the anchors), every interruption tolerated."""
-    return {
+    """The job as a user would submit it: spot only (as the anchors), every interruption tolerated;
+    with a deadline, spot-first with the deadline and the job's size, and the control plane decides."""
+    spec: dict[str, object] = {
         "name": "goodput-bench",
         "image": IMAGE,
         "command": ["python", "train.py"],
@@ -53,6 +55,14 @@ def spec_for(params: Params) -> dict[str, object]:
         "checkpoint_every_minutes": params.checkpoint_every_minutes,
         "idle": {"action": "ignore"},
     }
+    if params.deadline_hours is not None:
+        spec["capacity"] = "spot-first"
+        spec["deadline"] = {
+            "hours": params.deadline_hours,
+            "expected_hours": params.hours_of_work,
+            "total_steps": math.ceil(params.work_s / params.step_s),
+        }
+    return spec
 
 
 def json_user_data(doc: RunDocument | RunDocumentPointer) -> str:

@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,17 +133,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _store(_discover(args, needs=(TABLE,)))
     job = _get(store, args.job_id)
     if not args.watch:
-        print(json.dumps(job.model_dump(mode="json"), indent=2) if args.json else render.job_status(job))
+        print(json.dumps(_status_json(job), indent=2) if args.json else render.job_status(job))
         return EXIT_OK
 
     def show(current: Job) -> None:
         if args.json:
-            print(json.dumps(current.model_dump(mode="json")), flush=True)
+            print(json.dumps(_status_json(current)), flush=True)
         else:
             print(render.job_status(current) + "\n", flush=True)
 
     job = wait_for(store, job.job_id, done=lambda j: j.state.is_terminal, on_change=show, first=job)
     return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
+
+
+def _status_json(job: Job) -> dict[str, Any]:
+    """The job record, and its deadline's standing now when it has one (`deadline`)."""
+    deadline = render.deadline_json(job, datetime.now(UTC))
+    return job.model_dump(mode="json") | ({"deadline": deadline} if deadline is not None else {})
 
 
 def cmd_list(args: argparse.Namespace) -> int:
