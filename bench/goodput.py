@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -110,6 +111,7 @@ def table(params: Params, results: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = params_from(args)
+    logging.basicConfig(level=logging.ERROR)  # a survivor terminated and the like: routine in a replay
     try:
         results = run_all(load_trace_sets(args.traces), params)
     except (TraceError, ReplayError) as exc:

@@ -15,7 +15,9 @@ ports:
   as `instance/handover.py` does, restore the newest committed checkpoint, train, heartbeat every
   minute, save every `checkpoint_every_minutes`, and on the notice (the trainer's IMDS watcher; the
   control plane's SSM checkpoint-now arrives in the same seconds) save once, commit, exit 75 and
-  power off. A gang that finishes exits 0. Reports are signed with the document's report key.
+  power off. A checkpoint-now without a notice (a deadline's move to the other market) saves once
+  and trains on until the reconciler takes the instances. A gang that finishes exits 0. Reports
+  are signed with the document's report key.
 - EventBridge and the schedule: every report and state change is delivered at once, in order,
   through the calls the Lambda handlers make (`Reports.receive`, which checks the signature, and
   `Reactions`), and the reconciler runs every minute.
@@ -96,6 +98,7 @@ class ControlPlaneReplay:
         self.reactions = self.stack.reactions
         self.ledger = Ledger(params)
         self.runs: dict[int, Run] = {}
+        self._signals_seen = 0
         self.commits: list[float] = [0.0]
         self.done_at: float | None = None
         self.job_id = ""
@@ -168,6 +171,11 @@ class ControlPlaneReplay:
         ended = [(run, iid) for run, iid in ended if self.compute.instances[iid].state != "running"]
         for run, iid in ended:
             self._gone(run, iid)
+        signals = self.stack.signaller.signals[self._signals_seen :]
+        self._signals_seen += len(signals)
+        for instance_ids, _container in signals:
+            for run in (r for r in self.runs.values() if set(instance_ids) & r.up):
+                self._checkpoint_now(run)
         return bool(launched or ended)
 
     def _start(self, attempt: int, ids: tuple[str, ...]) -> None:
@@ -211,6 +219,14 @@ class ControlPlaneReplay:
             self.at(exits_at, lambda: self._exit(run, ExitCode.PREEMPTED))
         elif run.gang is not None:  # still restoring: it stops without anything new to save
             run.gang.stopped_at = self.now
+
+    def _checkpoint_now(self, run: Run) -> None:
+        """The SSM signal alone: one save, committed in seconds, and the trainer goes on (a notice,
+        handled in `_warn`, comes with its own save)."""
+        if run.training and run.warned_at is None and run.gang is not None:
+            saved = run.gang.progress_at(self.now)
+            run.ends_by = min(run.ends_by or math.inf, self.now + self.params.save_commit_s)
+            self.at(self.now + self.params.save_commit_s, lambda: self._commit(run, saved))
 
     def _reclaim(self, run: Run, reclaimed: tuple[str, ...]) -> None:
         for iid in reclaimed:

@@ -13,12 +13,16 @@ from gpujobs.domain.deadline import (
     changeover,
     latest_retry,
     launch_markets,
+    may_return_to_spot,
+    move_market,
     must_leave_spot,
     slack_of,
 )
-from gpujobs.domain.job import Attempt, Job, Market
+from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint
+from gpujobs.domain.job import Attempt, Job, Market, StopRequest
 from gpujobs.domain.ladder import SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.spec import SpecError, load_spec
+from gpujobs.domain.states import JobState, Reason
 
 SUBMITTED = datetime(2026, 3, 1, tzinfo=UTC)
 DEADLINE = {"hours": 52, "expected_hours": 48, "total_steps": 4800}
@@ -148,3 +152,50 @@ def test_a_deadline_is_validated_strictly(extra: dict[str, object], problem: str
     with pytest.raises(SpecError) as caught:
         job(**{"deadline": DEADLINE, **extra})
     assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def on_demand_ahead(*, heartbeat_step: int, hours: float) -> Job:
+    """RUNNING on on-demand since 4 h, its heartbeat at `heartbeat_step`."""
+    attempt = Attempt(
+        number=1, started_at=at(4), instance_ids=("i-1",), market=Market.ON_DEMAND, heartbeat_step=heartbeat_step
+    )
+    queued = job(step=heartbeat_step - 30, deadline=DEADLINE)
+    launching = queued.with_attempt(attempt, now=at(4)).transition(JobState.LAUNCHING, Reason.LAUNCH_STARTED, now=at(4))
+    return launching.transition(JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=at(hours))
+
+
+@pytest.mark.parametrize(
+    ("step", "hours", "expected"),
+    [
+        pytest.param(1000, 10, False, id="ahead by 1.2 h, less than two changeovers: stays on-demand"),
+        pytest.param(1100, 10, True, id="ahead by 2.2 h with 3.3 h of slack: back to spot"),
+        pytest.param(4560, 48, False, id="ahead by 1.4 h, but 0.95 h of slack: stays on-demand"),
+    ],
+)
+def test_an_on_demand_attempt_goes_back_to_spot_only_well_ahead_of_schedule(
+    step: int, hours: float, expected: bool
+) -> None:
+    assert may_return_to_spot(on_demand_ahead(heartbeat_step=step, hours=hours), now=at(hours)) is expected
+
+
+def test_moving_market_checkpoints_and_replaces_the_attempt_without_counting_an_interruption() -> None:
+    ahead = on_demand_ahead(heartbeat_step=1100, hours=10)
+    decision = move_market(ahead, now=at(10))
+    assert decision.outcome is Outcome.MARKET_CHANGED
+    assert decision.job is not None
+    assert decision.job.state is JobState.INTERRUPTED
+    assert decision.job.history[-1].reason is Reason.DEADLINE_MARKET
+    assert "move to spot" in decision.detail
+    assert decision.job.interruptions == 0
+    assert decision.job.attempts[-1].interrupted_at == at(10)
+    assert decision.effects == (SignalCheckpoint(("i-1",), "gpujobs-j-1-a1"), Launch("j-1"))
+    # the replacement's ladder, read from the moved record: spot only
+    assert launch_markets(decision.job, now=at(10)) is DeadlineMarkets.SPOT_ONLY
+
+
+def test_a_job_on_schedule_or_stopping_is_not_moved() -> None:
+    assert move_market(on_demand_ahead(heartbeat_step=1000, hours=10), now=at(10)).job is None
+    stopping = on_demand_ahead(heartbeat_step=1100, hours=10).model_copy(
+        update={"stop_request": StopRequest(reason=Reason.IDLE, requested_at=at(10), deadline=at(11))}
+    )
+    assert move_market(stopping, now=at(10)).outcome is Outcome.NOT_RUNNING

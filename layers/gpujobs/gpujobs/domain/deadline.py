@@ -13,11 +13,13 @@ interval of work (a reclaim whose warning-time save did not commit loses up to t
 - Ahead of it: spot only; with no room the job waits, and its retry is never later than the moment
   it would become late (`latest_retry`).
 
-An attempt that runs is never preempted by this rule: an on-demand attempt keeps running when slack
-returns, and the next launch (after a crash or a reclaim) goes back to spot. A running spot attempt
-keeps its slack while it trains (work and time run down together), and the warning's save leaves
-its replacement only a boot and a restore to pay; `must_leave_spot` says when an attempt's
-heartbeats show it too slow to finish before the deadline even so. A spec without a deadline
+A running attempt moves (`move_market`: checkpoint now, replace, as a reclaim does) in two cases
+only. A spot attempt keeps its slack while it trains (work and time run down together) and a
+warning's save leaves its replacement a boot and a restore to pay, so it leaves spot only when its
+heartbeats show it training too slowly to finish and survive one more reclaim (`must_leave_spot`).
+An on-demand attempt goes back to spot only when it is ahead of uniform progress by two
+changeovers, the paper's hysteresis, and the slack covers two more (`may_return_to_spot`): then
+each hour on spot saves two thirds of the price for a changeover's risk. A spec without a deadline
 decides nothing here: today's `capacity` rules apply unchanged.
 """
 
@@ -27,8 +29,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from gpujobs.domain.effects import Decision, Launch, Outcome, SignalCheckpoint, ignore, live_instances
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.spec import Deadline
+from gpujobs.domain.states import JobState, Reason
 
 BOOT_ALLOWANCE = timedelta(minutes=8)
 """Launch to training: p3/p4 provisioning (about 4 min) plus a multi-GB image pull (the goodput bench)."""
@@ -100,10 +104,15 @@ def launch_markets(job: Job, *, now: datetime) -> DeadlineMarkets | None:
         return None
     if standing.slack <= standing.changeover:
         return DeadlineMarkets.ON_DEMAND
-    elapsed = now - job.created_at
-    done = 1.0 - standing.work_left / timedelta(hours=spec.deadline.expected_hours)
-    behind = done < elapsed / timedelta(hours=spec.deadline.hours)
+    behind = _lead(job, spec.deadline, standing, now=now) < timedelta(0)
     return DeadlineMarkets.SPOT_FIRST if behind else DeadlineMarkets.SPOT_ONLY
+
+
+def _lead(job: Job, deadline: Deadline, standing: Slack, *, now: datetime) -> timedelta:
+    """How far ahead of uniform progress (`expected_hours` spread evenly to the deadline) the job is,
+    in time on that schedule; negative when behind."""
+    done = 1.0 - standing.work_left / timedelta(hours=deadline.expected_hours)
+    return done * timedelta(hours=deadline.hours) - (now - job.created_at)
 
 
 def latest_retry(job: Job, proposed: datetime) -> datetime:
@@ -124,3 +133,38 @@ def must_leave_spot(job: Job, *, now: datetime) -> bool:
         return False
     standing = slack_of(job, now=now, step=attempt.heartbeat_step)
     return standing is not None and standing.slack <= timedelta(0)
+
+
+def may_return_to_spot(job: Job, *, now: datetime) -> bool:
+    """The running on-demand attempt is two changeovers ahead of uniform progress and has two
+    changeovers of slack to spare: spot again, and on-demand after a reclaim still makes it."""
+    spec, attempt = job.require_spec(), job.current_attempt
+    if attempt is None or attempt.is_over or attempt.market is not Market.ON_DEMAND or attempt.interrupted_at:
+        return False
+    standing = slack_of(job, now=now, step=attempt.heartbeat_step)
+    if spec.deadline is None or standing is None:
+        return False
+    margin = 2 * standing.changeover
+    return standing.slack > margin and _lead(job, spec.deadline, standing, now=now) >= margin
+
+
+def move_market(job: Job, *, now: datetime) -> Decision:
+    """Checkpoint the running attempt and replace it on the market the deadline needs, as a reclaim
+    is replaced: the replacement waits for this attempt's save, the reconciler takes its instances
+    after the warning window. Not counted as an interruption (no spot pool took it)."""
+    attempt = job.current_attempt
+    if job.state is not JobState.RUNNING or job.stop_request is not None or attempt is None:
+        return ignore(Outcome.NOT_RUNNING)
+    if must_leave_spot(job, now=now):
+        target = Market.ON_DEMAND
+    elif may_return_to_spot(job, now=now):
+        target = Market.SPOT
+    else:
+        return ignore(Outcome.NOTHING_TO_DECIDE)
+    standing = slack_of(job, now=now, step=attempt.heartbeat_step)
+    assert standing is not None
+    detail = f"deadline slack {standing.slack.total_seconds() / 3600:.1f} h: checkpoint and move to {target.value}"
+    marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now}), now=now)
+    moved = marked.transition(JobState.INTERRUPTED, Reason.DEADLINE_MARKET, now=now, detail=detail)
+    signal = SignalCheckpoint(live_instances(attempt), attempt.container_name(job.job_id))
+    return Decision(Outcome.MARKET_CHANGED, moved, (signal, Launch(job.job_id)), detail, {"DeadlineMoves": 1})
