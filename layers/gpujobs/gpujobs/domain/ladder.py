@@ -131,8 +131,18 @@ def classify_launch_error(code: str) -> ErrorKind:
     return ErrorKind.FATAL
 
 
+RETRY_CAP_SECONDS = 300
+"""The longest wait between two ladder walks of a job that finds no capacity, as SkyPilot's 5 min.
+A longer cap (it was 30 min) relaunched a job 23 min after room came back on the goodput bench's
+traces; a shorter one costs no Lambda invocation (the reconciler, which walks the ladders, runs
+every minute anyway) and about 22 walks an hour per waiting job instead of 4, each a few refused
+RunInstances calls and two conditional writes. The reconciler runs one at a time and stops launch
+work 30 s before its timeout, replacements first, so however many jobs wait, their walks cannot
+crowd out an interrupted job's replacement (README, "Goodput on real spot traces")."""
+
+
 def next_try_delay(
-    failures_in_a_row: int, *, jitter: float, base_seconds: float = 60, cap_seconds: float = 1800
+    failures_in_a_row: int, *, jitter: float, base_seconds: float = 60, cap_seconds: float = RETRY_CAP_SECONDS
 ) -> timedelta:
     """Exponential backoff with full jitter for a job that found no capacity.
 
