@@ -76,8 +76,9 @@ def changeover(job: Job) -> timedelta:
     return BOOT_ALLOWANCE + RESTORE_ALLOWANCE + timedelta(minutes=job.require_spec().checkpoint_every_minutes)
 
 
-def work_left(deadline: Deadline, *, committed_step: int | None) -> timedelta:
-    done = min(1.0, (committed_step or 0) / deadline.total_steps)
+def work_left(deadline: Deadline, *, step: int | None) -> timedelta:
+    """The expected training time still to do once `step` of `total_steps` is done."""
+    done = min(1.0, (step or 0) / deadline.total_steps)
     return timedelta(hours=deadline.expected_hours * (1.0 - done))
 
 
@@ -91,7 +92,7 @@ def slack_of(job: Job, *, now: datetime, step: int | None = None) -> Slack | Non
     return Slack(
         deadline_at=due,
         time_left=due - now,
-        work_left=work_left(spec.deadline, committed_step=progress),
+        work_left=work_left(spec.deadline, step=progress),
         changeover=changeover(job),
     )
 
@@ -121,7 +122,7 @@ def latest_retry(job: Job, proposed: datetime) -> datetime:
     due = deadline_at(job)
     if spec.deadline is None or due is None:
         return proposed
-    late_at = due - work_left(spec.deadline, committed_step=job.checkpoint_step) - 2 * changeover(job)
+    late_at = due - work_left(spec.deadline, step=job.checkpoint_step) - 2 * changeover(job)
     return min(proposed, late_at)
 
 
