@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from gpujobs.adapters.memory import InMemoryJobStore
 from gpujobs.domain.job import Attempt, Job, Market
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
-from gpujobs_cli import render
+from gpujobs_cli import commands, render
+from gpujobs_cli.main import main
 
 SUBMITTED = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -51,3 +55,20 @@ def test_a_job_without_a_deadline_shows_none() -> None:
     plain = job(deadline=False)
     assert "deadline" not in render.job_status(plain, now=SUBMITTED)
     assert render.deadline_json(plain, SUBMITTED) is None
+
+
+def test_status_json_carries_the_deadline_beside_the_record(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = InMemoryJobStore()
+    store.create(training(3936))
+    monkeypatch.setattr(commands, "_discover", lambda _args, needs: None)
+    monkeypatch.setattr(commands, "_store", lambda _resources: store)
+
+    assert main(["status", "j-1", "--json"]) == 0
+
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["job_id"] == "j-1"
+    assert shown["spec"]["deadline"] == {"hours": 52.0, "expected_hours": 48.0, "total_steps": 4800}
+    assert shown["deadline"]["due"] == "2026-03-03T04:00:00+00:00"
+    assert set(shown["deadline"]) == {"due", "hours_left", "slack_hours"}
