@@ -172,14 +172,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _store(_discover(args, needs=(TABLE,)))
     job = _get(store, args.job_id)
     if not args.watch:
-        print(json.dumps(job.model_dump(mode="json"), indent=2) if args.json else render.job_status(job))
+        print(json.dumps(_status_json(job), indent=2) if args.json else render.job_status(job))
         if not args.json:
             _print_failure_tail(args, job)
         return EXIT_OK
 
     def show(current: Job) -> None:
         if args.json:
-            print(json.dumps(current.model_dump(mode="json")), flush=True)
+            print(json.dumps(_status_json(current)), flush=True)
         else:
             print(render.job_status(current) + "\n", flush=True)
 
@@ -255,6 +255,12 @@ def _wait_for_stream(logs: JobLogs, stream: str, attempt_over: Callable[[], bool
                 print(f"[{_clock()}] waiting for {stream} to start", file=sys.stderr)
                 told = True
         sleep(POLL_SECONDS)
+
+
+def _status_json(job: Job) -> dict[str, Any]:
+    """The job record, and its deadline's standing now when it has one (`deadline`)."""
+    deadline = render.deadline_json(job, datetime.now(UTC))
+    return job.model_dump(mode="json") | ({"deadline": deadline} if deadline is not None else {})
 
 
 def cmd_list(args: argparse.Namespace) -> int:

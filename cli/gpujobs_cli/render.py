@@ -11,8 +11,9 @@ character is shown as `\\xNN`, never sent, and cannot recolour, retitle or rewri
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from gpujobs.domain.deadline import Slack, slack_of
 from gpujobs.domain.job import Job
 from gpujobs.domain.spec import printable
 
@@ -42,8 +43,45 @@ def _opt(value: object) -> str:
     return "-" if value is None or value == "" else printable(str(value))
 
 
-def job_status(job: Job) -> str:
-    """The `gpujobs status` page."""
+def standing(job: Job, now: datetime) -> Slack | None:
+    """The job's slack to its deadline, from its newest heartbeat while it trains; None without one."""
+    if job.spec is None:
+        return None
+    attempt = job.current_attempt
+    return slack_of(job, now=now, step=attempt.heartbeat_step if attempt and not attempt.is_over else None)
+
+
+def _hours(span: timedelta) -> float:
+    return round(span.total_seconds() / 3600, 1)
+
+
+def deadline_json(job: Job, now: datetime) -> dict[str, object] | None:
+    """`status --json`'s `deadline`: when it is due and, while the job is active, hours left and slack."""
+    slack = standing(job, now)
+    if slack is None:
+        return None
+    active = not job.state.is_terminal
+    return {
+        "due": slack.deadline_at.isoformat(),
+        "hours_left": _hours(slack.time_left) if active else None,
+        "slack_hours": _hours(slack.slack) if active else None,
+    }
+
+
+def deadline_line(job: Job, now: datetime) -> str | None:
+    slack = standing(job, now)
+    if slack is None:
+        return None
+    due = f"(due {when(slack.deadline_at)})"
+    if job.state.is_terminal:
+        return f"deadline  {due}"
+    left = _hours(slack.time_left)
+    timing = f"in {left} h" if left >= 0 else f"passed {-left} h ago"
+    return f"deadline  {timing}, slack {_hours(slack.slack)} h {due}"
+
+
+def job_status(job: Job, *, now: datetime | None = None) -> str:
+    """The `gpujobs status` page (`now`: the time the deadline's slack is read at, default the clock)."""
     lines = [
         f"job       {job.job_id}",
         f"name      {_opt(job.name)}",
@@ -59,6 +97,9 @@ def job_status(job: Job) -> str:
             f"spec      {spec.nodes} x {spec.gpus_per_node} GPU on {', '.join(spec.instance_types)}"
             f" ({spec.capacity.value})"
         )
+    deadline = deadline_line(job, now or datetime.now(UTC))
+    if deadline is not None:
+        lines.append(deadline)
     if job.checkpoint_step is not None:
         lines.append(f"resumes   from checkpoint step {job.checkpoint_step}")
     if job.interruptions or job.crashes:

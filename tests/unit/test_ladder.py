@@ -82,3 +82,9 @@ def test_backoff_grows_exponentially_is_capped_and_jittered() -> None:
     assert high[3] > high[0]
     assert all(lo <= hi for lo, hi in zip(low, high, strict=True))
     assert low[0] == timedelta(seconds=30)
+
+
+def test_a_job_waiting_for_capacity_walks_the_ladder_again_within_five_minutes() -> None:
+    # SkyPilot's cap: room that comes back is used within minutes, not half an hour later.
+    assert max(next_try_delay(n, jitter=0.999) for n in range(1, 40)) <= timedelta(minutes=5)
+    assert next_try_delay(20, jitter=0.999) > timedelta(minutes=4, seconds=59)

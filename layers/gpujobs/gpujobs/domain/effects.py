@@ -87,6 +87,7 @@ class Outcome(StrEnum):
     LAUNCH_ABANDONED = "launch abandoned: the job moved on"
     CANCELLED = "cancelled"
     BUDGET_APPLIED = "budget policy applied"
+    MARKET_CHANGED = "moved to the market the deadline needs"
     # ---- ignored ----
     NOT_OURS = "ignored: not a gpujobs instance"
     UNKNOWN_JOB = "ignored: no such job"

@@ -6,7 +6,7 @@ win. Only `transition()` moves the state, and it asks `states.check_transition` 
 state machine is enforced in one place whatever code path asks for the move.
 
 The record is one DynamoDB item, and an item cannot pass 400 KB. A job may wait weeks for capacity
-(a new attempt with a ladder's worth of refusals every half hour) or be interrupted a hundred times,
+(a new attempt with a ladder's worth of refusals every few minutes) or be interrupted a hundred times,
 so the record keeps only the newest `MAX_HISTORY_KEPT` transitions, `MAX_ATTEMPTS_KEPT` finished
 attempts and `MAX_TRIES_KEPT` refusals per attempt, with counts of what it let go; every free-text
 detail is capped at `MAX_DETAIL_CHARS`. What the runtime and cost caps need of a retired attempt

@@ -2,7 +2,8 @@
 
 Pure decisions only. The launcher walks the rungs in order and stops at the first that launches.
 Spot comes first when the spec allows it; a job that has been interrupted `max_interruptions`
-times moves to on-demand (`spot-first`) or fails (`spot`); a replacement after an interruption
+times moves to on-demand (`spot-first`) or fails (`spot`); a job with a deadline narrows its
+`spot-first` markets to the ones `domain.deadline` allows now; a replacement after an interruption
 tries every other pool before the one that was just reclaimed; a forecasted budget breach removes
 on-demand rungs.
 """
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from gpujobs.domain.job import Market
+from gpujobs.domain.deadline import DeadlineMarkets, latest_retry
+from gpujobs.domain.job import Job, Market
 from gpujobs.domain.spec import Capacity, JobSpec
+from gpujobs.domain.states import Reason
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,10 @@ class SubnetZone:
     zone: str
 
 
-def markets_for(spec: JobSpec, *, interruptions: int, spot_only: bool = False) -> list[Market]:
-    """The markets a launch may use now, in order of preference."""
+def markets_for(
+    spec: JobSpec, *, interruptions: int, spot_only: bool = False, deadline: DeadlineMarkets | None = None
+) -> list[Market]:
+    """The markets a launch may use now, in order of preference; a budget's spot-only wins over a deadline."""
     if spec.capacity is Capacity.ON_DEMAND:
         markets = [Market.ON_DEMAND]
     elif spec.capacity is Capacity.SPOT:
@@ -46,6 +51,10 @@ def markets_for(spec: JobSpec, *, interruptions: int, spot_only: bool = False) -
         markets = [Market.ON_DEMAND]
     else:
         markets = [Market.SPOT, Market.ON_DEMAND]
+    if deadline is DeadlineMarkets.ON_DEMAND and Market.ON_DEMAND in markets and not spot_only:
+        markets = [Market.ON_DEMAND]
+    elif deadline is DeadlineMarkets.SPOT_ONLY and Market.SPOT in markets:
+        markets = [Market.SPOT]
     if spot_only:
         markets = [m for m in markets if m is Market.SPOT]
     return markets
@@ -58,11 +67,12 @@ def plan_ladder(
     interruptions: int = 0,
     avoid_pool: tuple[str, str, Market] | None = None,
     spot_only: bool = False,
+    deadline: DeadlineMarkets | None = None,
 ) -> list[Rung]:
     """Every rung to try: market-major (cheapest first), then the spec's type order, then zones."""
     rungs = [
         Rung(instance_type=t, subnet_id=s.subnet_id, zone=s.zone, market=m)
-        for m in markets_for(spec, interruptions=interruptions, spot_only=spot_only)
+        for m in markets_for(spec, interruptions=interruptions, spot_only=spot_only, deadline=deadline)
         for t in spec.instance_types
         for s in subnets
     ]
@@ -121,8 +131,18 @@ def classify_launch_error(code: str) -> ErrorKind:
     return ErrorKind.FATAL
 
 
+RETRY_CAP_SECONDS = 300
+"""The longest wait between two ladder walks of a job that finds no capacity, as SkyPilot's 5 min.
+A longer cap (it was 30 min) relaunched a job 23 min after room came back on the goodput bench's
+traces; a shorter one costs no Lambda invocation (the reconciler, which walks the ladders, runs
+every minute anyway) and about 22 walks an hour per waiting job instead of 4, each a few refused
+RunInstances calls and two conditional writes. The reconciler runs one at a time and stops launch
+work 30 s before its timeout, replacements first, so however many jobs wait, their walks cannot
+crowd out an interrupted job's replacement (README, "Goodput on real spot traces")."""
+
+
 def next_try_delay(
-    failures_in_a_row: int, *, jitter: float, base_seconds: float = 60, cap_seconds: float = 1800
+    failures_in_a_row: int, *, jitter: float, base_seconds: float = 60, cap_seconds: float = RETRY_CAP_SECONDS
 ) -> timedelta:
     """Exponential backoff with full jitter for a job that found no capacity.
 
@@ -132,5 +152,16 @@ def next_try_delay(
     return timedelta(seconds=base_seconds / 2 + jitter * (ceiling - base_seconds / 2))
 
 
-def next_try_at(now: datetime, failures_in_a_row: int, *, jitter: float) -> datetime:
-    return now + next_try_delay(failures_in_a_row, jitter=jitter)
+def next_try_at(job: Job, *, now: datetime, jitter: float) -> datetime:
+    """When a job that found no capacity tries again: the backoff, but never after the moment its
+    deadline needs on-demand (`deadline.latest_retry`)."""
+    return latest_retry(job, now + next_try_delay(capacity_failures_in_a_row(job), jitter=jitter))
+
+
+def capacity_failures_in_a_row(job: Job) -> int:
+    count = 0
+    for attempt in reversed(job.attempts):
+        if attempt.end_reason != Reason.NO_CAPACITY.value and attempt.ended_at is not None:
+            return count
+        count += 1
+    return count + job.retired.no_capacity_in_a_row

@@ -130,6 +130,29 @@ class IdlePolicy(BaseModel):
     action: IdleAction = IdleAction.STOP
 
 
+class Deadline(BaseModel):
+    """Finish by `hours` after submission, as cheaply as that allows (`domain.deadline`).
+
+    The control plane cannot see inside the training, so the spec says how much work there is:
+    `expected_hours` of uninterrupted training on the spec's instances to reach `total_steps`. Work
+    done is the newest committed checkpoint's step, the only progress a replacement can resume from.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hours: StrictNumber = Field(gt=0, le=720, description="the deadline, in hours after submission")
+    expected_hours: StrictNumber = Field(gt=0, le=720, description="uninterrupted training time of the whole job")
+    total_steps: StrictInt = Field(ge=1, description="the step the job ends at (its checkpoints count steps)")
+
+    @model_validator(mode="after")
+    def _work_fits(self) -> Deadline:
+        if self.expected_hours > self.hours:
+            raise ValueError(
+                f"expected_hours {self.expected_hours:g} cannot fit before the deadline ({self.hours:g} h)"
+            )
+        return self
+
+
 def _name_problems(names: Iterable[str]) -> list[str]:
     """What is wrong with environment variable names (the spec's `env` and `secrets` alike)."""
     names = list(names)
@@ -179,6 +202,9 @@ class JobSpec(BaseModel):
     )
     code_sha256: Annotated[str, StringConstraints(pattern=SHA256_PATTERN)] | None = Field(
         default=None, description="hex SHA-256 of the code archive; the launcher refuses any other bytes"
+    )
+    deadline: Deadline | None = Field(
+        default=None, description="finish within hours of submission: spot while the slack allows, else on-demand"
     )
     team: Team = "default"
     client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)
@@ -278,6 +304,13 @@ class JobSpec(BaseModel):
                 "drop max_cost_usd or choose instance types with a known price"
             )
         return cap
+
+    @model_validator(mode="after")
+    def _deadline_may_use_on_demand(self) -> JobSpec:
+        """A deadline is kept by moving to on-demand when spot cannot make it: only spot-first may."""
+        if self.deadline is not None and self.capacity is not Capacity.SPOT_FIRST:
+            raise ValueError(f"deadline: needs capacity spot-first (got {self.capacity.value})")
+        return self
 
 
 _PATTERN_RULES = {

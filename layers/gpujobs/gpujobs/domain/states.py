@@ -51,6 +51,7 @@ class Reason(StrEnum):
     BUDGET_HOLD = "budget-hold"
     LAUNCH_FAILED = "launch-failed"
     SPOT_INTERRUPTION = "spot-interruption"
+    DEADLINE_MARKET = "deadline-market"
     REPLACEMENT_LAUNCHING = "replacement-launching"
     COMPLETED = "completed"
     CRASHED_RETRYING = "crashed-retrying"
@@ -88,6 +89,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
     Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
+    Transition(R, INT, Reason.DEADLINE_MARKET, "the deadline wants the other market; checkpoint and replace"),
     Transition(R, JobState.SUCCEEDED, Reason.COMPLETED, "every node exited 0"),
     Transition(R, Q, Reason.CRASHED_RETRYING, "the attempt crashed; attempts remain"),
     Transition(R, Q, Reason.INSTANCE_LOST, "on-demand instances vanished without a report; relaunch"),

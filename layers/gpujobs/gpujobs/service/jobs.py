@@ -26,6 +26,7 @@ from typing import Any
 
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.credentials import redact
+from gpujobs.domain.deadline import launch_markets
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
@@ -236,7 +237,12 @@ class JobService:
             return self._walk_ladder(restarted, spot_only=spot_only)
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.compute.subnets()]
         ladder = plan_ladder(
-            spec, subnets, interruptions=job.interruptions, avoid_pool=_reclaimed_pool(job), spot_only=spot_only
+            spec,
+            subnets,
+            interruptions=job.interruptions,
+            avoid_pool=_reclaimed_pool(job),
+            spot_only=spot_only,
+            deadline=launch_markets(job, now=self.clock.now()),
         )
         user_data = self._user_data(job, attempt)
         security_group = self.compute.job_security_group(job.job_id) if ladder else None
@@ -354,7 +360,7 @@ class JobService:
             now = self.clock.now()
             retry_at = None
             if target is JobState.QUEUED:
-                retry_at = next_try_at(now, _capacity_failures_in_a_row(current), jitter=self.jitter())
+                retry_at = next_try_at(current, now=now, jitter=self.jitter())
             return end_launch(
                 current,
                 attempt_number=number,
@@ -428,12 +434,3 @@ def _attempt_being_reclaimed(job: Job, attempt: Attempt) -> int | None:
         if earlier.number < attempt.number and earlier.instance_ids:
             return earlier.number if earlier.interrupted_at is not None and not earlier.is_over else None
     return None
-
-
-def _capacity_failures_in_a_row(job: Job) -> int:
-    count = 0
-    for attempt in reversed(job.attempts):
-        if attempt.end_reason != Reason.NO_CAPACITY.value and attempt.ended_at is not None:
-            return count
-        count += 1
-    return count + job.retired.no_capacity_in_a_row

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpujobs.contract import GONE_STATES, idle_alarm_name
-from gpujobs.domain import decisions
+from gpujobs.domain import deadline, decisions
 from gpujobs.domain.effects import Decision, Outcome
 from gpujobs.domain.job import Job
 from gpujobs.domain.reports import INSTANCE_ID, JOB_ID
@@ -76,6 +76,10 @@ class Reactions:
         return self._react_to_instance(
             instance_id, lambda job, now: decisions.on_spot_warning(job, instance_id, now=now, action=action)
         )
+
+    def keep_deadline(self, job_id: str) -> Reaction:
+        """Move a running job with a deadline to the market it needs, if it needs another."""
+        return self._react(job_id, lambda job, now: deadline.move_market(job, now=now))
 
     def rebalance(self, instance_id: str) -> Reaction:
         """A proactive checkpoint; no relaunch unless a warning follows."""

@@ -11,7 +11,8 @@ A run works in order of what a lost minute costs most:
    only when the period rolls over), and the holds in force are read once for the run.
 2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
    that was still launching when the alert came is asked to stop once it runs), runtime and cost
-   caps, overdue heartbeats, then the attempt is settled. A job between attempts that still holds
+   caps, a deadline's move to the market it needs (`domain.deadline`), overdue heartbeats, then the
+   attempt is settled. A job between attempts that still holds
    an unfinished one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
@@ -171,6 +172,11 @@ class Reconciler:
         self._record_lost_state_changes(job, live, report)
         current = reactions.jobs.store.get(job.job_id)
         self._enforce_caps(current, now, holds, report)
+        if (
+            current.require_spec().deadline is not None
+            and reactions.keep_deadline(job.job_id).outcome is Outcome.MARKET_CHANGED
+        ):
+            report.count("deadline market moves")
         self._check_heartbeat(current, now, report)
         settled = reactions.settle(job.job_id)
         if settled.outcome is not Outcome.NOTHING_TO_DECIDE:

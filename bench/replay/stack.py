@@ -1,0 +1,135 @@
+"""The control plane as a deployed stack wires it, on the in-memory fakes: what the `gpujobs` row runs.
+
+`runtime/bootstrap.py` wires the same services to boto3 clients for the Lambda handlers; here
+every port is the fake of `gpujobs.adapters.memory`, the clock is injected and nothing sleeps (a
+lost race's backoff included). EC2 is the `FakeCompute` with one subnet per trace file; whoever
+builds the stack says, through `refuse`, when a launch finds no room.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpujobs.adapters.memory import (
+    FakeCompute,
+    FixedClock,
+    FixedReportKeys,
+    InMemoryBlobStore,
+    InMemoryBudgetBook,
+    InMemoryIdleAlarms,
+    InMemoryJobStore,
+    RecordingPublisher,
+    RecordingSignaller,
+    TablePrices,
+)
+from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.service.changes import Backoff
+from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.ports import LaunchRequest, Subnet
+from gpujobs.service.reactions import Reactions
+from gpujobs.service.reconcile import Reconciler
+from gpujobs.service.reports import Reports
+
+from .model import Params
+
+BUCKET = "goodput-bench"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:goodput"
+
+
+def spec_for(params: Params) -> dict[str, object]:
+    """The job as a user would submit it: spot only (as the anchors), every interruption tolerated;
+    with a deadline, spot-first with the deadline and the job's size, and the control plane decides."""
+    spec: dict[str, object] = {
+        "name": "goodput-bench",
+        "image": IMAGE,
+        "command": ["python", "train.py"],
+        "nodes": params.nodes,
+        "gpus_per_node": params.gpus_per_node,
+        "instance_types": [params.instance_type],
+        "capacity": "spot",
+        "max_interruptions": 100,
+        "max_runtime_minutes": 43200,
+        "checkpoint_every_minutes": params.checkpoint_every_minutes,
+        "idle": {"action": "ignore"},
+    }
+    if params.deadline_hours is not None:
+        spec["capacity"] = "spot-first"
+        spec["deadline"] = {
+            "hours": params.deadline_hours,
+            "expected_hours": params.hours_of_work,
+            "total_steps": math.ceil(params.work_s / params.step_s),
+        }
+    return spec
+
+
+def json_user_data(doc: RunDocument | RunDocumentPointer) -> str:
+    return doc.model_dump_json()
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The services the Lambda handlers call, and the fakes behind them that the replay plays."""
+
+    clock: FixedClock
+    compute: FakeCompute
+    store: InMemoryJobStore
+    publisher: RecordingPublisher
+    signaller: RecordingSignaller
+    service: JobService
+    reactions: Reactions
+    reconciler: Reconciler
+    reports: Reports
+
+    @classmethod
+    def wire(
+        cls,
+        params: Params,
+        *,
+        clock: FixedClock,
+        subnets: Sequence[Subnet],
+        refuse: Callable[[LaunchRequest], None],
+        seed: int = 0,
+    ) -> Stack:
+        compute = FakeCompute(subnet_list=list(subnets), clock=clock, on_run=refuse)
+        store, publisher, signaller = InMemoryJobStore(), RecordingPublisher(), RecordingSignaller()
+        rng = random.Random(seed)
+        service = JobService(
+            store=store,
+            compute=compute,
+            publisher=publisher,
+            blobs=InMemoryBlobStore(bucket=BUCKET),
+            clock=clock,
+            config=LaunchConfig(
+                checkpoint_bucket=BUCKET,
+                event_bus_name="goodput-bench",
+                region="us-east-1",
+                allowed_instance_types=(params.instance_type,),
+            ),
+            render_user_data=json_user_data,
+            budgets=InMemoryBudgetBook(),
+            alarms=InMemoryIdleAlarms(),
+            report_keys=FixedReportKeys(),
+            jitter=rng.random,
+            backoff=Backoff(sleep=lambda _seconds: None, jitter=rng.random),
+        )
+        reactions = Reactions(jobs=service, signaller=signaller)
+        prices = TablePrices(
+            {
+                (params.instance_type, "spot"): params.spot_usd_per_hour,
+                (params.instance_type, "on-demand"): params.on_demand_usd_per_hour,
+            }
+        )
+        return cls(
+            clock=clock,
+            compute=compute,
+            store=store,
+            publisher=publisher,
+            signaller=signaller,
+            service=service,
+            reactions=reactions,
+            reconciler=Reconciler(reactions=reactions, prices=prices),
+            reports=Reports(reactions=reactions, keys=FixedReportKeys()),
+        )

@@ -1,0 +1,47 @@
+"""A job with a deadline whose spot attempt trains too slowly is moved to on-demand by the reconciler:
+its trainers are asked to checkpoint, a replacement launches on-demand at once, and the spot
+instances go once the warning window has passed. Nothing of this is counted as an interruption."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gpujobs.domain.job import Market
+from gpujobs.domain.states import JobState, Reason
+from tests.service.conftest import World, spec
+
+DEADLINE = {"hours": 10, "expected_hours": 6, "total_steps": 600}
+"""100 steps an hour expected; a changeover is 8 + 1 + 30 = 39 min."""
+
+
+def test_a_spot_attempt_without_slack_left_moves_to_on_demand(world: World) -> None:
+    job = world.submit(spec(deadline=DEADLINE)).job
+    spot = world.store.get(job.job_id).current_attempt
+    assert spot is not None
+    assert spot.market is Market.SPOT  # 3.35 h of slack at submission: spot only
+    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=100)
+
+    # After 3 h it is still at step 200 (4 h of work left, 7 h to go): 2.35 h of slack, it stays.
+    world.clock.advance(seconds=3 * 3600)
+    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=200)
+    world.reconciler.run()
+    assert world.store.get(job.job_id).current_attempt == world.store.get(job.job_id).attempt(1)
+
+    # After 6 h, step 250: 3.5 h of work left and 4 h to go leave less than a changeover.
+    world.clock.advance(seconds=3 * 3600)
+    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=250)
+    report = world.reconciler.run()
+
+    assert report.repairs["deadline market moves"] == 1
+    moved = world.store.get(job.job_id)
+    assert moved.state is JobState.RUNNING
+    assert [a.market for a in moved.attempts] == [Market.SPOT, Market.ON_DEMAND]
+    assert (JobState.RUNNING.value, JobState.INTERRUPTED.value, Reason.DEADLINE_MARKET) in world.transitions(job.job_id)
+    assert moved.interruptions == 0
+    assert world.signaller.signals == [(spot.instance_ids, spot.container_name(job.job_id))]
+    assert moved.attempts[-1].market is Market.ON_DEMAND
+
+    # The spot trainers saved and train on; past the warning window and its grace (5 min) they are taken.
+    world.clock.advance(seconds=int(timedelta(minutes=6).total_seconds()))
+    world.reconciler.run()
+    assert all(world.compute.instances[i].state != "running" for i in spot.instance_ids)

@@ -1,0 +1,201 @@
+"""A deadline decides the markets of the next launch from the record alone: spot while the slack
+allows, on-demand when it does not, back to spot at a relaunch once slack has returned."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpujobs.domain.deadline import (
+    DeadlineMarkets,
+    changeover,
+    latest_retry,
+    launch_markets,
+    may_return_to_spot,
+    move_market,
+    must_leave_spot,
+    slack_of,
+)
+from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint
+from gpujobs.domain.job import Attempt, Job, Market, StopRequest
+from gpujobs.domain.ladder import SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.spec import SpecError, load_spec
+from gpujobs.domain.states import JobState, Reason
+
+SUBMITTED = datetime(2026, 3, 1, tzinfo=UTC)
+DEADLINE = {"hours": 52, "expected_hours": 48, "total_steps": 4800}
+"""48 h of work, 100 steps an hour, due 52 h after submission; checkpoints every 30 min, so one
+changeover is 8 + 1 + 30 = 39 min and the job must go on-demand once less than 48 h + 78 min remain."""
+SUBNETS = [SubnetZone("subnet-a", "us-east-1a")]
+
+
+def job(*, step: int | None = None, **spec: object) -> Job:
+    body = {"name": "j", "image": "r/i:1", "command": ["x"], "instance_types": ["p3.2xlarge"], **spec}
+    submitted = Job.submitted(job_id="j-1", spec=load_spec(json.dumps(body)), now=SUBMITTED, message_id="m")
+    return submitted.model_copy(update={"checkpoint_step": step})
+
+
+def at(hours: float, minutes: float = 0) -> datetime:
+    return SUBMITTED + timedelta(hours=hours, minutes=minutes)
+
+
+@pytest.mark.parametrize(
+    ("now", "step", "expected"),
+    [
+        pytest.param(at(0), None, DeadlineMarkets.SPOT_ONLY, id="at submission: 3.3 h of slack, wait for spot"),
+        pytest.param(at(10), 1000, DeadlineMarkets.SPOT_ONLY, id="ahead of the uniform-progress line"),
+        pytest.param(at(10), 900, DeadlineMarkets.SPOT_FIRST, id="behind the line: on-demand if spot has no room"),
+        pytest.param(at(2, 41), None, DeadlineMarkets.SPOT_FIRST, id="a minute before the slack runs out"),
+        pytest.param(at(2, 42), None, DeadlineMarkets.ON_DEMAND, id="slack down to one changeover: on-demand"),
+        pytest.param(at(30), 1800, DeadlineMarkets.ON_DEMAND, id="no slack left"),
+        pytest.param(at(51), 4000, DeadlineMarkets.ON_DEMAND, id="already late: on-demand all the same"),
+        pytest.param(at(60), 4000, DeadlineMarkets.ON_DEMAND, id="past the deadline"),
+        pytest.param(at(30), 3000, DeadlineMarkets.SPOT_ONLY, id="slack returned (on-demand ran ahead): spot again"),
+        pytest.param(at(40), 4800, DeadlineMarkets.SPOT_ONLY, id="all the work committed"),
+    ],
+)
+def test_the_next_launchs_markets_follow_the_slack(now: datetime, step: int | None, expected: DeadlineMarkets) -> None:
+    assert launch_markets(job(step=step, deadline=DEADLINE), now=now) is expected
+
+
+def test_without_a_deadline_nothing_is_decided_and_the_ladder_is_todays() -> None:
+    plain = job()
+    assert launch_markets(plain, now=at(5)) is None
+    assert slack_of(plain, now=at(5)) is None
+    assert {r.market for r in plan_ladder(plain.require_spec(), SUBNETS, deadline=None)} == {
+        Market.SPOT,
+        Market.ON_DEMAND,
+    }
+    assert latest_retry(plain, at(9)) == at(9)
+
+
+def test_the_slack_is_the_time_left_less_the_work_left_and_one_changeover() -> None:
+    standing = slack_of(job(step=1200, deadline=DEADLINE), now=at(10))
+    assert standing is not None
+    assert standing.deadline_at == at(52)
+    assert standing.work_left == timedelta(hours=36)
+    assert standing.changeover == timedelta(minutes=39) == changeover(job(deadline=DEADLINE))
+    assert standing.slack == timedelta(hours=6) - timedelta(minutes=39)
+
+
+@pytest.mark.parametrize(
+    ("markets", "spot_only", "interruptions", "expected"),
+    [
+        (DeadlineMarkets.ON_DEMAND, False, 0, [Market.ON_DEMAND]),
+        (DeadlineMarkets.SPOT_FIRST, False, 0, [Market.SPOT, Market.ON_DEMAND]),
+        (DeadlineMarkets.SPOT_ONLY, False, 0, [Market.SPOT]),
+        pytest.param(DeadlineMarkets.SPOT_ONLY, False, 5, [Market.ON_DEMAND], id="past max_interruptions: on-demand"),
+        pytest.param(DeadlineMarkets.ON_DEMAND, True, 0, [Market.SPOT], id="a budget's spot-only wins"),
+    ],
+)
+def test_the_ladder_narrows_spot_first_to_what_the_deadline_allows(
+    markets: DeadlineMarkets, spot_only: bool, interruptions: int, expected: list[Market]
+) -> None:
+    spec = job(deadline=DEADLINE).require_spec()
+    rungs = plan_ladder(spec, SUBNETS, interruptions=interruptions, spot_only=spot_only, deadline=markets)
+    assert [r.market for r in rungs] == expected
+
+
+def test_a_job_waiting_for_spot_retries_no_later_than_when_it_must_go_on_demand() -> None:
+    waiting = job(step=2400, deadline=DEADLINE)  # 24 h of work left: on-demand from 52 - 24 - 1.3 h on
+    assert latest_retry(waiting, at(40)) == at(26, 42)
+    assert latest_retry(waiting, at(20)) == at(20)
+    assert next_try_at(waiting, now=at(26, 41.5), jitter=0.999) == at(26, 42)  # the 60 s backoff capped
+
+
+def running(*, market: Market, heartbeat_step: int, interrupted: bool = False) -> Job:
+    attempt = Attempt(
+        number=1,
+        started_at=at(0),
+        instance_ids=("i-1",),
+        market=market,
+        heartbeat_step=heartbeat_step,
+        interrupted_at=at(20) if interrupted else None,
+    )
+    return job(step=heartbeat_step, deadline=DEADLINE).with_attempt(attempt, now=at(20))
+
+
+@pytest.mark.parametrize(
+    ("job_", "expected"),
+    [
+        pytest.param(running(market=Market.SPOT, heartbeat_step=1800), False, id="on schedule: keeps its slack"),
+        pytest.param(running(market=Market.SPOT, heartbeat_step=1400), True, id="training too slowly: leave spot"),
+        pytest.param(running(market=Market.ON_DEMAND, heartbeat_step=1400), False, id="on-demand already"),
+        pytest.param(
+            running(market=Market.SPOT, heartbeat_step=1400, interrupted=True), False, id="being reclaimed already"
+        ),
+    ],
+)
+def test_a_running_spot_attempt_leaves_spot_only_when_its_slack_is_gone(job_: Job, expected: bool) -> None:
+    assert must_leave_spot(job_, now=at(20)) is expected
+
+
+def test_a_running_job_without_a_deadline_never_leaves_spot() -> None:
+    attempt = Attempt(number=1, started_at=at(0), instance_ids=("i-1",), market=Market.SPOT, heartbeat_step=1)
+    assert must_leave_spot(job().with_attempt(attempt, now=at(0)), now=at(500)) is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        ({"capacity": "spot"}, "deadline: needs capacity spot-first (got spot)"),
+        ({"capacity": "on-demand"}, "deadline: needs capacity spot-first (got on-demand)"),
+        ({"deadline": {**DEADLINE, "expected_hours": 60}}, "expected_hours 60 cannot fit before the deadline"),
+        ({"deadline": {**DEADLINE, "hours": "52h"}}, "deadline.hours: Input should be a valid number"),
+        ({"deadline": {"hours": 52}}, "deadline.expected_hours: Field required"),
+        ({"deadline": {**DEADLINE, "total_steps": 0}}, "deadline.total_steps: Input should be greater than or equal"),
+    ],
+)
+def test_a_deadline_is_validated_strictly(extra: dict[str, object], problem: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        job(**{"deadline": DEADLINE, **extra})
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def on_demand_ahead(*, heartbeat_step: int, hours: float) -> Job:
+    """RUNNING on on-demand since 4 h, its heartbeat at `heartbeat_step`."""
+    attempt = Attempt(
+        number=1, started_at=at(4), instance_ids=("i-1",), market=Market.ON_DEMAND, heartbeat_step=heartbeat_step
+    )
+    queued = job(step=heartbeat_step - 30, deadline=DEADLINE)
+    launching = queued.with_attempt(attempt, now=at(4)).transition(JobState.LAUNCHING, Reason.LAUNCH_STARTED, now=at(4))
+    return launching.transition(JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=at(hours))
+
+
+@pytest.mark.parametrize(
+    ("step", "hours", "expected"),
+    [
+        pytest.param(1000, 10, False, id="ahead by 1.2 h, less than two changeovers: stays on-demand"),
+        pytest.param(1100, 10, True, id="ahead by 2.2 h with 3.3 h of slack: back to spot"),
+        pytest.param(4560, 48, False, id="ahead by 1.4 h, but 0.95 h of slack: stays on-demand"),
+    ],
+)
+def test_an_on_demand_attempt_goes_back_to_spot_only_well_ahead_of_schedule(
+    step: int, hours: float, expected: bool
+) -> None:
+    assert may_return_to_spot(on_demand_ahead(heartbeat_step=step, hours=hours), now=at(hours)) is expected
+
+
+def test_moving_market_checkpoints_and_replaces_the_attempt_without_counting_an_interruption() -> None:
+    ahead = on_demand_ahead(heartbeat_step=1100, hours=10)
+    decision = move_market(ahead, now=at(10))
+    assert decision.outcome is Outcome.MARKET_CHANGED
+    assert decision.job is not None
+    assert decision.job.state is JobState.INTERRUPTED
+    assert decision.job.history[-1].reason is Reason.DEADLINE_MARKET
+    assert "move to spot" in decision.detail
+    assert decision.job.interruptions == 0
+    assert decision.job.attempts[-1].interrupted_at == at(10)
+    assert decision.effects == (SignalCheckpoint(("i-1",), "gpujobs-j-1-a1"), Launch("j-1"))
+    # the replacement's ladder, read from the moved record: spot only
+    assert launch_markets(decision.job, now=at(10)) is DeadlineMarkets.SPOT_ONLY
+
+
+def test_a_job_on_schedule_or_stopping_is_not_moved() -> None:
+    assert move_market(on_demand_ahead(heartbeat_step=1000, hours=10), now=at(10)).job is None
+    stopping = on_demand_ahead(heartbeat_step=1100, hours=10).model_copy(
+        update={"stop_request": StopRequest(reason=Reason.IDLE, requested_at=at(10), deadline=at(11))}
+    )
+    assert move_market(stopping, now=at(10)).outcome is Outcome.NOT_RUNNING
