@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE, CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_CODE
-from gpujobs_trainer.errors import ConfigError
+from gpujobs_trainer.errors import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import EventBridgePublisher
 from gpujobs_trainer.launch import child_pids, plan_from_env, split_command, torchrun_argv
 from gpujobs_trainer.outcome import WorkerOutcome, decide_exit, read_outcomes, write_outcome
@@ -110,6 +110,37 @@ def test_a_missing_command_exits_with_the_configuration_code() -> None:
     )
     assert result.returncode == CONFIG_ERROR_EXIT_CODE
     assert "no training command given" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("program", "code", "line"),
+    [
+        ("trian.sh", COMMAND_NOT_FOUND_EXIT_CODE, "trian.sh: command not found"),
+        ("/no/such/train.sh", COMMAND_NOT_FOUND_EXIT_CODE, "/no/such/train.sh: No such file or directory"),
+        ("NOT_EXECUTABLE", COMMAND_NOT_EXECUTABLE_EXIT_CODE, "Permission denied"),
+    ],
+)
+def test_a_command_that_cannot_run_exits_as_a_shell_would_with_its_line_last(
+    tmp_path: Path, program: str, code: int, line: str
+) -> None:
+    # given a command whose program is misspelt, missing or not executable (torchrun would only crash)
+    not_executable = tmp_path / "train.sh"
+    not_executable.write_text("#!/bin/sh\n")
+    program = str(not_executable) if program == "NOT_EXECUTABLE" else program
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gpujobs_trainer.launch", "--", program, "--steps", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": str(tmp_path), "GPUJOBS_NPROC_PER_NODE": "1"},
+    )
+
+    # then the launcher exits with the shell's code, the reason its last line on stderr
+    assert result.returncode == code, result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(line)
+    assert "torch.distributed.run" not in result.stderr
 
 
 class _BrokenEvents:

@@ -4,7 +4,8 @@ Reads the bootstrap's environment, runs torchrun (static rendezvous at the rank-
 IP, a fresh rendezvous id per attempt, no in-place restarts: the control plane replaces whole
 instances and the job resumes from its checkpoint), forwards signals and maps the outcome to one
 exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error,
-1 anything else.
+127/126 the command's program is not found / not executable (checked before torchrun, which would
+only crash on it; the codes a shell and `docker run` give), 1 anything else.
 
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
+from gpujobs_trainer.errors import (
+    COMMAND_NOT_EXECUTABLE_EXIT_CODE,
+    COMMAND_NOT_FOUND_EXIT_CODE,
+    CONFIG_ERROR_EXIT_CODE,
+    ConfigError,
+)
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
 
@@ -124,6 +131,18 @@ def torchrun_argv(plan: LaunchPlan, *, python: str = sys.executable) -> list[str
     return [*argv, "--no-python", *plan.command]
 
 
+def unrunnable(program: str, *, path: str) -> tuple[int, str] | None:
+    """(exit code, the line a shell prints) when `program` cannot be run from `path`; None when it can."""
+    if "/" not in program:
+        found = shutil.which(program, path=path)
+        return None if found else (COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: command not found")
+    if not os.path.exists(program):
+        return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: No such file or directory"
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        return COMMAND_NOT_EXECUTABLE_EXIT_CODE, f"{program}: Permission denied"
+    return None
+
+
 def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
     """Direct children of ``parent`` (torchrun's workers), read from /proc."""
     children = []
@@ -216,6 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
+    problem = unrunnable(plan.command[0], path=env.get("PATH", os.defpath))
+    if problem is not None:
+        code, line = problem
+        log.error("%s", line)
+        return code
     outcome = run(plan, env)
     report_exit(plan, outcome, env.get("GPUJOBS_EVENT_BUS", "").strip())
     return outcome.exit_code

@@ -74,6 +74,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--user-data", metavar="FILE", help="read user data here instead of from IMDS")
     parser.add_argument("--runtime", choices=("docker", "process"), default="docker")
     parser.add_argument("--entrypoint", default="", help="process runtime: argv prefix, split like a shell")
+    parser.add_argument("--engine", default="", help="process runtime: ENGINE IMAGE COMMAND")
     parser.add_argument("--no-shutdown", action="store_true", help="do not power off at the end")
     parser.add_argument("--rendezvous-timeout", type=float, default=900.0, metavar="SECONDS")
     parser.add_argument(
@@ -130,7 +131,11 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
     master = args.master_addr or master
     if args.master_port is not None:
         doc = {**doc, "master_port": args.master_port}
-    runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
+    runtime: Runtime = (
+        ProcessRuntime(shlex.split(args.entrypoint), shlex.split(args.engine))
+        if args.runtime == "process"
+        else DockerRuntime()
+    )
     job_clients: aws.Clients = clients
     agent_env: dict[str, str] = {}
     private: dict[str, str] = {}
@@ -170,7 +175,7 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
         runtime.stop(stopper.signum, stopper.timeout)
     code = runtime.wait()
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
-    return code, f"workload exited with {code}{signalled}"
+    return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
 
 
 def main(argv: list[str] | None = None) -> int:

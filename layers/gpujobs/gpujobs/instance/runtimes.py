@@ -1,11 +1,15 @@
 """The container runtimes: how the workload is started, waited for and stopped.
 
 `docker` runs on EC2 (ECR login with the password on stdin, pull, `docker run`); `process` runs the
-command as a local process (the local cloud, tests). Both start from an argv list, never a shell,
+command as a local process (the local cloud, tests), directly or through an engine called as
+`docker run` is (`ENGINE IMAGE COMMAND...`). Both start from an argv list, never a shell,
 and `docker run` gets env names only (`-e NAME`), the values through its environment, so no job
 string is parsed by a shell or shown by `ps`. What is private (secret values, the credentials
 token) goes neither there nor on argv: docker reads it from a 0600 `--env-file`, a process gets it
 in its own environment only. Devices and mounts for the container belong in `DockerRuntime.start`.
+The workload's stderr passes through this process, which keeps its last line: a workload that
+cannot start (docker's 125/126/127) or stops on an error says why there, and the exit report
+quotes it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
-from typing import Any
+from typing import IO, Any
 
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
@@ -34,6 +39,8 @@ class Runtime:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last_line = "(no output on stderr)"
+        self._relay: threading.Thread | None = None
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
         """Nothing to fetch by default."""
@@ -45,7 +52,23 @@ class Runtime:
     def wait(self) -> int:
         assert self.proc is not None
         code = self.proc.wait()
+        if self._relay is not None:
+            self._relay.join(2)
         return 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell reports it
+
+    def _popen(self, argv: list[str], env: dict[str, str], **options: Any) -> None:
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, **options)
+        self._relay = threading.Thread(target=self._pass_stderr, args=(self.proc.stderr,), daemon=True)
+        self._relay.start()
+
+    def _pass_stderr(self, stream: IO[bytes]) -> None:
+        """Copy the workload's stderr to ours, keeping its last line (a descendant may hold it open: wait
+        joins this thread for a moment only, by when that line has been read)."""
+        for line in stream:
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
+            if line.strip():
+                self.last_line = line.decode(errors="replace").strip()[-300:]
 
     def stop(self, signum: int, timeout: int) -> None:
         raise NotImplementedError
@@ -72,9 +95,10 @@ class ProcessRuntime(Runtime):
         "AWS_SHARED_CREDENTIALS_FILE",
     )
 
-    def __init__(self, entrypoint: list[str] | None = None) -> None:
+    def __init__(self, entrypoint: list[str] | None = None, engine: list[str] | None = None) -> None:
         super().__init__()
         self.entrypoint = entrypoint or []
+        self.engine = engine or []
 
     CREDENTIALS = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"})
     """Passed through only when the job has no credentials of its own: an env key beats the endpoint."""
@@ -87,9 +111,8 @@ class ProcessRuntime(Runtime):
         full = {k: os.environ[k] for k in names if k in os.environ}
         full.update(env)
         full.update(private or {})
-        self.proc = subprocess.Popen(
-            [*self.entrypoint, *doc["command"]], env=full, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        argv = [*self.engine, doc["image"]] if self.engine else self.entrypoint
+        self._popen([*argv, *doc["command"]], full, start_new_session=True)
 
     def stop(self, signum: int, timeout: int) -> None:
         self._signal(signum)
@@ -156,9 +179,7 @@ class DockerRuntime(Runtime):
             argv += ["--env-file", self.env_file.path]
         for key in sorted(env):
             argv += ["-e", key]  # the value comes from this process's environment, never argv
-        self.proc = subprocess.Popen(
-            [*argv, doc["image"], *doc["command"]], env={**os.environ, **env}, stdin=subprocess.DEVNULL
-        )
+        self._popen([*argv, doc["image"], *doc["command"]], {**os.environ, **env})
 
     def wait(self) -> int:
         try:
