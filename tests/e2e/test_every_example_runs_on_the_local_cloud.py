@@ -32,7 +32,7 @@ def _submit(stage: Stage, example: Path, capsys: pytest.CaptureFixture[str]) -> 
     return job_id
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)
 def test_every_example_spec_succeeds_unchanged_on_the_local_cloud(
     stage: Stage, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -44,7 +44,7 @@ def test_every_example_spec_succeeds_unchanged_on_the_local_cloud(
 
     # then each one trains to the end and succeeds on its first attempt
     ended = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-    stage.wait("every example to end", lambda: all(stage.state(j) in ended for j in jobs.values()), timeout=360)
+    stage.wait("every example to end", lambda: all(stage.state(j) in ended for j in jobs.values()), timeout=780)
     for name, job_id in jobs.items():
         job = stage.job(job_id)
         logs = [stage.log_text(i)[-1500:] for a in job.attempts for i in a.instance_ids]
