@@ -81,8 +81,8 @@ def read_dockerfile(dockerfile: Path, *, context: Path) -> ImageRecipe:
             copies.append(_copy(keyword, rest, context=context, workdir=workdir, where=dockerfile))
         elif keyword == "WORKDIR":
             workdir = workdir / rest.strip()
-        elif keyword == "ENTRYPOINT":
-            entrypoint, cmd = _exec_form(rest), ()
+        elif keyword == "ENTRYPOINT":  # a base image's CMD would be dropped; this stage's is kept
+            entrypoint = _exec_form(rest)
         elif keyword == "CMD":
             cmd = _exec_form(rest)
     return ImageRecipe(copies=tuple(copies), env=env, workdir=workdir, entrypoint=entrypoint, cmd=cmd)
