@@ -5,11 +5,12 @@
 fake IMDSv2 (its instance id, launch index, ``local-ipv4`` 127.0.0.1, region, user data read back
 from moto), emits ``EC2 Instance State-change Notification`` ``running``, and spawns
 ``python -m gpujobs.instance.bootstrap --runtime process`` in its own session with a fresh local disk
-(``TMPDIR`` under ``workdir/instances/<id>/``, which the trainer also uses for its checkpoint
-staging). With ``images=True`` (the local cloud's own runner) the job runs as its image would:
-the bootstrap starts ``python -m gpujobs_local.container --root workdir/instances/<id>/rootfs IMAGE
-COMMAND...`` (``container``), which lays the image's tree there and execs its entrypoint. What EC2
-would do to the machine follows moto's state and the runner's own methods:
+(``TMPDIR`` under ``workdir/instances/<id>/``). With ``images=True`` (the local cloud's own runner)
+the job runs as its image would: the bootstrap starts ``python -m gpujobs_local.container --root
+workdir/instances/<id>/rootfs IMAGE COMMAND...`` (``container``), which lays the image's tree there
+and execs its entrypoint, so the image's own paths (the trainer's checkpoint staging folder among
+them) are on that instance's disk. What EC2 would do to the machine follows moto's state and the
+runner's own methods:
 
 * the control plane terminates (or stops) it: SIGTERM to the bootstrap, which forwards it to the
   workload; SIGKILL to everything the instance runs after ``grace_seconds``; ``shutting-down`` then
