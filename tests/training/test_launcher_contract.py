@@ -13,7 +13,7 @@ import pytest
 from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE, CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_CODE
 from gpujobs_trainer.errors import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import EventBridgePublisher
-from gpujobs_trainer.launch import child_pids, plan_from_env, split_command, torchrun_argv
+from gpujobs_trainer.launch import child_pids, plan_from_env, python_script, split_command, torchrun_argv
 from gpujobs_trainer.outcome import WorkerOutcome, decide_exit, read_outcomes, write_outcome
 
 COMMAND = ["python", "train.py", "--note", "a; rm -rf / $(whoami)"]
@@ -118,18 +118,20 @@ def test_a_missing_command_exits_with_the_configuration_code() -> None:
         ("trian.sh", COMMAND_NOT_FOUND_EXIT_CODE, "trian.sh: command not found"),
         ("/no/such/train.sh", COMMAND_NOT_FOUND_EXIT_CODE, "/no/such/train.sh: No such file or directory"),
         ("NOT_EXECUTABLE", COMMAND_NOT_EXECUTABLE_EXIT_CODE, "Permission denied"),
+        ("PYTHON", COMMAND_NOT_FOUND_EXIT_CODE, "can't open file '/opt/x/trian.py': No such file or directory"),
     ],
 )
 def test_a_command_that_cannot_run_exits_as_a_shell_would_with_its_line_last(
     tmp_path: Path, program: str, code: int, line: str
 ) -> None:
-    # given a command whose program is misspelt, missing or not executable (torchrun would only crash)
+    # given a command whose program (or python's script) is misspelt, missing or not executable
     not_executable = tmp_path / "train.sh"
     not_executable.write_text("#!/bin/sh\n")
     program = str(not_executable) if program == "NOT_EXECUTABLE" else program
+    command = [sys.executable, "-u", "/opt/x/trian.py"] if program == "PYTHON" else [program]
 
     result = subprocess.run(
-        [sys.executable, "-m", "gpujobs_trainer.launch", "--", program, "--steps", "10"],
+        [sys.executable, "-m", "gpujobs_trainer.launch", "--", *command, "--steps", "10"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -161,3 +163,17 @@ def test_a_failing_event_bus_is_logged_never_raised(caplog: pytest.LogCaptureFix
     assert entry["Source"] == "gpujobs.trainer"
     assert json.loads(entry["Detail"]) == {"step": 1}
     assert "bus is down" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("command", "script"),
+    [
+        (["python", "train.py", "--steps", "5"], "train.py"),
+        (["python3.11", "-u", "-W", "ignore", "-X", "dev", "/opt/t.py"], "/opt/t.py"),
+        (["python", "-m", "pkg.train"], None),
+        (["python", "-c", "print(1)"], None),
+        (["torchrun", "train.py"], None),
+    ],
+)
+def test_the_script_python_would_open_is_found_past_its_options(command: list[str], script: str | None) -> None:
+    assert python_script(command) == script

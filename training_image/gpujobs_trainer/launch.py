@@ -4,8 +4,8 @@ Reads the bootstrap's environment, runs torchrun (static rendezvous at the rank-
 IP, a fresh rendezvous id per attempt, no in-place restarts: the control plane replaces whole
 instances and the job resumes from its checkpoint), forwards signals and maps the outcome to one
 exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error,
-127/126 the command's program is not found / not executable (checked before torchrun, which would
-only crash on it; the codes a shell and `docker run` give), 1 anything else.
+127/126 the command's program (or python's script) is not found / not executable (checked before
+torchrun, which would only crash on it; the codes a shell and `docker run` give), 1 anything else.
 
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
@@ -131,15 +131,39 @@ def torchrun_argv(plan: LaunchPlan, *, python: str = sys.executable) -> list[str
     return [*argv, "--no-python", *plan.command]
 
 
-def unrunnable(program: str, *, path: str) -> tuple[int, str] | None:
-    """(exit code, the line a shell prints) when `program` cannot be run from `path`; None when it can."""
+def unrunnable(command: Sequence[str], *, path: str) -> tuple[int, str] | None:
+    """(exit code, the line that says why) when `command` cannot start; None when it can.
+
+    Its program not found (127) or not executable (126), as a shell reports them; or, for
+    `python [options] script.py`, a script that does not exist (127 rather than python's own 2,
+    which torchrun would turn into a crash): each fails the same way on every attempt.
+    """
+    program = command[0]
     if "/" not in program:
-        found = shutil.which(program, path=path)
-        return None if found else (COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: command not found")
-    if not os.path.exists(program):
+        if shutil.which(program, path=path) is None:
+            return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: command not found"
+    elif not os.path.exists(program):
         return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: No such file or directory"
-    if os.path.isdir(program) or not os.access(program, os.X_OK):
+    elif os.path.isdir(program) or not os.access(program, os.X_OK):
         return COMMAND_NOT_EXECUTABLE_EXIT_CODE, f"{program}: Permission denied"
+    script = python_script(command)
+    if script is not None and not os.path.isfile(script):
+        return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: can't open file {script!r}: No such file or directory"
+    return None
+
+
+def python_script(command: Sequence[str]) -> str | None:
+    """The script `python [options] script ...` runs; None for `-c`, `-m`, stdin or another program."""
+    if not os.path.basename(command[0]).startswith("python"):
+        return None
+    args = iter(command[1:])
+    for arg in args:
+        if arg in ("-c", "-m", "-") or arg.startswith(("-c", "-m")):
+            return None
+        if arg in ("-W", "-X", "--check-hash-based-pycs"):
+            next(args, None)  # the option's value
+        elif not arg.startswith("-"):
+            return arg
     return None
 
 
@@ -235,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
-    problem = unrunnable(plan.command[0], path=env.get("PATH", os.defpath))
+    problem = unrunnable(plan.command, path=env.get("PATH", os.defpath))
     if problem is not None:
         code, line = problem
         log.error("%s", line)
