@@ -72,8 +72,8 @@ def run(root: Path, image_ref: str, command: Sequence[str], *, catalog: ImageCat
         env = container_env(image, os.environ)
         if not argv:
             raise ExecError(EXIT_CANNOT_RUN, f"image {image_ref!r} has no ENTRYPOINT or CMD and no command was given")
+        os.chdir(image.host_path(image.recipe.workdir))  # first: a relative program is found from there
         program = resolve(argv[0], env)
-        os.chdir(image.host_path(image.recipe.workdir))
         os.execve(program, argv, env)  # noqa: S606 (argv from the image and the job, never a shell: as docker runs it)
     except ImageError as exc:
         return _fail(EXIT_CANNOT_RUN, str(exc))
