@@ -21,6 +21,13 @@ from gpujobs_local.session import LOCAL_INSTANCE_TYPES, attach_runner
 from gpujobs_local.stack import MOTO_SENDER
 from gpujobs_local.story import MetricLineFilter
 
+SEND_MESSAGE = (
+    'aws sqs send-message --endpoint-url "$AWS_ENDPOINT_URL" --queue-url "$GPUJOBS_QUEUE_URL" '
+    "--message-body file://examples/cpu-smoke.json"
+)
+"""The README's line: AWS CLI v1 sends SQS calls to its own legacy endpoint unless the command line
+names one (it ignores AWS_ENDPOINT_URL there); v2 honours either."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -81,7 +88,9 @@ def up(argv: list[str] | None = None) -> int:
         print("# in another shell:", file=out)
         for key, value in cloud.exports().items():
             print(f"export {key}={shlex.quote(value)}", file=out)
-        print(f"# (or: source {shlex.quote(str(workdir / 'env.sh'))})\n", file=out)
+        print(f"# (or: source {shlex.quote(str(workdir / 'env.sh'))})", file=out)
+        print("# then, from the repository root: gpujobs submit examples/digits.yaml, or with the AWS CLI", file=out)
+        print(f"# (v1 needs --endpoint-url for SQS): {SEND_MESSAGE}\n", file=out)
         print("# stack outputs:", file=out)
         for key, value in cloud.outputs.items():
             print(f"#   {key:<26} {value}", file=out)

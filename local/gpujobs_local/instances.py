@@ -5,8 +5,12 @@
 fake IMDSv2 (its instance id, launch index, ``local-ipv4`` 127.0.0.1, region, user data read back
 from moto), emits ``EC2 Instance State-change Notification`` ``running``, and spawns
 ``python -m gpujobs.instance.bootstrap --runtime process`` in its own session with a fresh local disk
-(``TMPDIR`` under ``workdir/instances/<id>/``, which the trainer also uses for its checkpoint
-staging). What EC2 would do to the machine follows moto's state and the runner's own methods:
+(``TMPDIR`` under ``workdir/instances/<id>/``). With ``images=True`` (the local cloud's own runner)
+the job runs as its image would: the bootstrap starts ``python -m gpujobs_local.container --root
+workdir/instances/<id>/rootfs IMAGE COMMAND...`` (``container``), which lays the image's tree there
+and execs its entrypoint, so the image's own paths (the trainer's checkpoint staging folder among
+them) are on that instance's disk. What EC2 would do to the machine follows moto's state and the
+runner's own methods:
 
 * the control plane terminates (or stops) it: SIGTERM to the bootstrap, which forwards it to the
   workload; SIGKILL to everything the instance runs after ``grace_seconds``; ``shutting-down`` then
@@ -124,11 +128,13 @@ class InstanceRunner:
         grace_seconds: float = 10.0,
         python: str = sys.executable,
         entrypoint: str | None = None,
+        images: bool = False,
         bootstrap_args: Sequence[str] = (),
         cwd: Path | None = None,
     ) -> None:
         """``entrypoint``: the process runtime's argv prefix (default: the trainer's launcher; "" runs the
-        job's command directly). ``bootstrap_args``: extra bootstrap options (e.g. ``--wait-timeout 20``).
+        job's command directly). ``images``: run each job in its image instead (``container``; the
+        entrypoint is then the image's). ``bootstrap_args``: extra bootstrap options (e.g. ``--wait-timeout 20``).
         """
         self.ec2 = ec2
         self.stack_name = stack_name
@@ -138,6 +144,7 @@ class InstanceRunner:
         self.grace_seconds = grace_seconds
         self.python = python
         self.entrypoint = f"{shlex.quote(python)} -m gpujobs_trainer.launch --" if entrypoint is None else entrypoint
+        self.images = images
         self.bootstrap_args = list(bootstrap_args)
         self.cwd = cwd
         self.region: str = ec2.meta.region_name
@@ -304,7 +311,10 @@ class InstanceRunner:
         self._state(inst, "running")
         port = self.ports.setdefault((inst.job_id or iid, attempt), free_port())
         argv = [self.python, "-m", "gpujobs.instance.bootstrap", "--runtime", "process", "--no-shutdown"]
-        if self.entrypoint:
+        if self.images:
+            rootfs = shlex.quote(str(directory / "rootfs"))
+            argv += ["--engine", f"{shlex.quote(self.python)} -m gpujobs_local.container --root {rootfs}"]
+        elif self.entrypoint:
             argv += ["--entrypoint", self.entrypoint]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), *self.bootstrap_args]
         env = {

@@ -55,6 +55,7 @@ def attach_runner(
         workdir=workdir,
         # `python` in a job's command is the image's interpreter; here, this environment's.
         env={**os.environ, **cloud.exports(), "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}"},
+        images=True,
         grace_seconds=grace_seconds,
         bootstrap_args=["--wait-timeout", str(int(wait_timeout))],
         cwd=ROOT,

@@ -3,8 +3,9 @@
 Stories: an instance runs its job and reports the exit code, then terminates; the control plane's
 TerminateInstances reaches the workload as SIGTERM; a spot interruption shows up in the instance's IMDS
 and as an event before the instance goes; a crash reports nothing but the state changes; the digits
-example trains through bootstrap + launcher + torchrun into S3; and nothing is left running after
-`stop_all`.
+example trains through bootstrap + launcher + torchrun into S3; a job that cannot run in its image
+exits as docker would (127, 125) with the line that says why in its exit report; and nothing is
+left running after `stop_all`.
 """
 
 from __future__ import annotations
@@ -475,3 +476,29 @@ def test_a_job_with_its_own_role_hears_the_spot_notice_through_the_filtered_imds
     log = runner.log_path(iid).read_text()
     assert "the workload gets the job role's credentials from http://127.0.0.1:" in log
     assert [e["exit_code"] for e in cloud.exits()] == [75]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("local/gpujobs-train:dev", ["trian.sh", "--steps", "10"], 127, "trian.sh: command not found"),
+        ("pytorch/pytorch:2.5", ["python", "train.py"], 125, "cannot run image 'pytorch/pytorch:2.5'"),
+    ],
+    ids=["misspelt-command", "unknown-image"],
+)
+def test_a_job_that_cannot_run_in_its_image_exits_as_docker_would_and_says_why(
+    cloud: Cloud, make_runner: Callable[..., InstanceRunner], case: tuple[str, list[str], int, str]
+) -> None:
+    # given instances that run each job as its image would (the local cloud's runner)
+    image, command, code, said = case
+    runner = make_runner(images=True)
+
+    # when a job names a program its image cannot find, or an image the local cloud cannot run
+    [iid] = cloud.launch(image=image, command=command)
+    poll_until(runner, lambda: runner.instances.get(iid) is not None and runner.instances[iid].state == "terminated")
+
+    # then the bootstrap reports docker's exit code, and the line that says why, in its exit report
+    [exited] = [e for e in cloud.exits() if e.get("instance_id") == iid and "message" in e]
+    assert (exited["exit_code"], exited["reason"]) == (code, "exited")
+    assert said in exited["message"], runner.log_path(iid).read_text()

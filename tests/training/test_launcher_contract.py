@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE, CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_CODE
-from gpujobs_trainer.errors import ConfigError
+from gpujobs_trainer.errors import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import EventBridgePublisher
-from gpujobs_trainer.launch import child_pids, plan_from_env, split_command, torchrun_argv
+from gpujobs_trainer.launch import child_pids, plan_from_env, python_script, split_command, torchrun_argv
 from gpujobs_trainer.outcome import WorkerOutcome, decide_exit, read_outcomes, write_outcome
 
 COMMAND = ["python", "train.py", "--note", "a; rm -rf / $(whoami)"]
@@ -112,6 +112,39 @@ def test_a_missing_command_exits_with_the_configuration_code() -> None:
     assert "no training command given" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("program", "code", "line"),
+    [
+        ("trian.sh", COMMAND_NOT_FOUND_EXIT_CODE, "trian.sh: command not found"),
+        ("/no/such/train.sh", COMMAND_NOT_FOUND_EXIT_CODE, "/no/such/train.sh: No such file or directory"),
+        ("NOT_EXECUTABLE", COMMAND_NOT_EXECUTABLE_EXIT_CODE, "Permission denied"),
+        ("PYTHON", COMMAND_NOT_FOUND_EXIT_CODE, "can't open file '/opt/x/trian.py': No such file or directory"),
+    ],
+)
+def test_a_command_that_cannot_run_exits_as_a_shell_would_with_its_line_last(
+    tmp_path: Path, program: str, code: int, line: str
+) -> None:
+    # given a command whose program (or python's script) is misspelt, missing or not executable
+    not_executable = tmp_path / "train.sh"
+    not_executable.write_text("#!/bin/sh\n")
+    program = str(not_executable) if program == "NOT_EXECUTABLE" else program
+    command = [sys.executable, "-u", "/opt/x/trian.py"] if program == "PYTHON" else [program]
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gpujobs_trainer.launch", "--", *command, "--steps", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": str(tmp_path), "GPUJOBS_NPROC_PER_NODE": "1"},
+    )
+
+    # then the launcher exits with the shell's code, the reason its last line on stderr
+    assert result.returncode == code, result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(line)
+    assert "torch.distributed.run" not in result.stderr
+
+
 class _BrokenEvents:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -130,3 +163,17 @@ def test_a_failing_event_bus_is_logged_never_raised(caplog: pytest.LogCaptureFix
     assert entry["Source"] == "gpujobs.trainer"
     assert json.loads(entry["Detail"]) == {"step": 1}
     assert "bus is down" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("command", "script"),
+    [
+        (["python", "train.py", "--steps", "5"], "train.py"),
+        (["python3.11", "-u", "-W", "ignore", "-X", "dev", "/opt/t.py"], "/opt/t.py"),
+        (["python", "-m", "pkg.train"], None),
+        (["python", "-c", "print(1)"], None),
+        (["torchrun", "train.py"], None),
+    ],
+)
+def test_the_script_python_would_open_is_found_past_its_options(command: list[str], script: str | None) -> None:
+    assert python_script(command) == script

@@ -244,6 +244,39 @@ def test_a_failing_workload_is_published_and_the_instance_shuts_down(
     assert (tmp_path / "shutdown").read_text() == "-h now"
 
 
+def test_a_workload_that_cannot_start_is_reported_with_the_line_that_says_why(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    # given a workload that fails as a container whose program is missing does: a line, then 127
+    says_why = 'print("starting", file=sys.stderr); print("exec: \\"trian.sh\\": not found", file=sys.stderr)'
+    command = [sys.executable, "-c", f"import sys; {says_why}; sys.exit(127)"]
+    user_data = tmp_path / "user-data"
+    user_data.write_bytes(render_user_data(a_document(tmp_path, bus, command=command)))
+    with FakeImds(user_data=b"", instance_id=INSTANCE_ID) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--user-data", str(user_data), "--no-shutdown")
+
+    # then the exit report quotes its last line, and the bootstrap's log still holds all it printed
+    assert code == 127, output
+    [exited] = bus.exits()
+    assert (exited["exit_code"], exited["reason"]) == (127, "exited")
+    assert exited["message"] == 'workload exited with 127: exec: "trian.sh": not found'
+    assert "starting" in output
+
+
+def test_the_process_runtime_calls_an_engine_as_docker_run_is_called(tmp_path: Path) -> None:
+    # given an engine (the local cloud's container program) that records how it was called
+    record = f"import json, sys; json.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))"
+    runtime = runtimes.ProcessRuntime(engine=[sys.executable, "-c", record, "--root", "/r"])
+    doc = {"image": "registry/gpujobs-train:1", "command": ["python", "/opt/gpujobs/train.py"]}
+
+    runtime.start(doc, {})
+
+    # then it gets the image, then the command: ENGINE IMAGE COMMAND...
+    assert runtime.wait() == 0
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv == ["--root", "/r", "registry/gpujobs-train:1", "python", "/opt/gpujobs/train.py"]
+
+
 def test_a_broken_document_is_reported_as_a_bootstrap_failure(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
     broken = {**a_document(tmp_path, bus).model_dump(mode="json"), "command": "rm -rf / # a string, not a list"}
     with FakeImds(user_data=json.dumps(broken).encode(), instance_id=INSTANCE_ID) as imds:

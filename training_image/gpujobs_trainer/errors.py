@@ -16,6 +16,12 @@ CONFIG_ERROR_EXIT_CODE = 78
 """EX_CONFIG: bad environment, unreachable checkpoint URI or unusable checkpoint. Retrying the
 same configuration will fail the same way; training never silently starts from scratch instead."""
 
+COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
+"""The training command's program exists but cannot be executed (as a shell and `docker run` report it)."""
+
+COMMAND_NOT_FOUND_EXIT_CODE = 127
+"""The training command's program does not exist (as a shell and `docker run` report it)."""
+
 CRASH_EXIT_CODE = 1
 """Anything else: the workers crashed or were killed before reporting an outcome."""
 

@@ -4,7 +4,8 @@ Reads the bootstrap's environment, runs torchrun (static rendezvous at the rank-
 IP, a fresh rendezvous id per attempt, no in-place restarts: the control plane replaces whole
 instances and the job resumes from its checkpoint), forwards signals and maps the outcome to one
 exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error,
-1 anything else.
+127/126 the command's program (or python's script) is not found / not executable (checked before
+torchrun, which would only crash on it; the codes a shell and `docker run` give), 1 anything else.
 
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +38,13 @@ from pathlib import Path
 from types import FrameType
 
 from gpujobs_trainer import code_archive
-from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, CheckpointError, ConfigError
+from gpujobs_trainer.errors import (
+    COMMAND_NOT_EXECUTABLE_EXIT_CODE,
+    COMMAND_NOT_FOUND_EXIT_CODE,
+    CONFIG_ERROR_EXIT_CODE,
+    CheckpointError,
+    ConfigError,
+)
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
 from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
@@ -144,6 +152,42 @@ def torchrun_argv(plan: LaunchPlan, *, python: str = sys.executable) -> list[str
             plan.rdzv_id,
         ]
     return [*argv, "--no-python", *plan.command]
+
+
+def unrunnable(command: Sequence[str], *, path: str) -> tuple[int, str] | None:
+    """(exit code, the line that says why) when `command` cannot start; None when it can.
+
+    Its program not found (127) or not executable (126), as a shell reports them; or, for
+    `python [options] script.py`, a script that does not exist (127 rather than python's own 2,
+    which torchrun would turn into a crash): each fails the same way on every attempt.
+    """
+    program = command[0]
+    if "/" not in program:
+        if shutil.which(program, path=path) is None:
+            return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: command not found"
+    elif not os.path.exists(program):
+        return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: No such file or directory"
+    elif os.path.isdir(program) or not os.access(program, os.X_OK):
+        return COMMAND_NOT_EXECUTABLE_EXIT_CODE, f"{program}: Permission denied"
+    script = python_script(command)
+    if script is not None and not os.path.isfile(script):
+        return COMMAND_NOT_FOUND_EXIT_CODE, f"{program}: can't open file {script!r}: No such file or directory"
+    return None
+
+
+def python_script(command: Sequence[str]) -> str | None:
+    """The script `python [options] script ...` runs; None for `-c`, `-m`, stdin or another program."""
+    if not os.path.basename(command[0]).startswith("python"):
+        return None
+    args = iter(command[1:])
+    for arg in args:
+        if arg in ("-c", "-m", "-") or arg.startswith(("-c", "-m")):
+            return None
+        if arg in ("-W", "-X", "--check-hash-based-pycs"):
+            next(args, None)  # the option's value
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
 def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
@@ -280,6 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
+    problem = unrunnable(plan.command, path=env.get("PATH", os.defpath))
+    if problem is not None:
+        code, line = problem
+        log.error("%s", line)
+        return code
     outcome = run(plan, env, own=own)
     if plan.instance_id and env.get(OUTPUT_DIR_ENV):  # under the bootstrap: the report may end the job at once
         uploaded = upload_and_wait(Path(env[OUTPUT_DIR_ENV]), timeout=FINAL_UPLOAD_TIMEOUT)

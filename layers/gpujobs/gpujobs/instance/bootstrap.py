@@ -81,6 +81,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--user-data", metavar="FILE", help="read user data here instead of from IMDS")
     parser.add_argument("--runtime", choices=("docker", "process"), default="docker")
     parser.add_argument("--entrypoint", default="", help="process runtime: argv prefix, split like a shell")
+    parser.add_argument("--engine", default="", help="process runtime: ENGINE IMAGE COMMAND")
     parser.add_argument("--no-shutdown", action="store_true", help="do not power off at the end")
     parser.add_argument("--rendezvous-timeout", type=float, default=900.0, metavar="SECONDS")
     parser.add_argument(
@@ -192,7 +193,7 @@ def _run(
     with outputs:  # requests served while the workload runs, the rest uploaded when it ends
         code = runtime.wait()
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
-    return code, f"workload exited with {code}{signalled}"
+    return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +238,11 @@ def _runtime(
     args: argparse.Namespace, doc: dict[str, Any], *, rank: int, region: str, clients: aws.Clients, log_to: LogShipper
 ) -> Runtime:
     """The runtime `args` name; with a log group, this node's output and this log are sent there."""
-    runtime: Runtime = ProcessRuntime(shlex.split(args.entrypoint)) if args.runtime == "process" else DockerRuntime()
+    runtime: Runtime = (
+        ProcessRuntime(shlex.split(args.entrypoint), shlex.split(args.engine))
+        if args.runtime == "process"
+        else DockerRuntime()
+    )
     if doc["log_group"]:
         stream = job_log_stream(doc["job_id"], doc["attempt"], rank)
         log_to.open(doc["log_group"], stream + BOOTSTRAP_LOG_STREAM_SUFFIX)

@@ -1,7 +1,8 @@
 """The container runtimes: how the workload is started, waited for and stopped.
 
 `docker` runs on EC2 (ECR login with the password on stdin, pull, `docker run`); `process` runs the
-command as a local process (the local cloud, tests). Both start from an argv list, never a shell,
+command as a local process (the local cloud, tests), directly or through an engine called as
+`docker run` is (`ENGINE IMAGE COMMAND...`). Both start from an argv list, never a shell,
 and `docker run` gets env names only (`-e NAME`), the values through its environment, so no job
 string is parsed by a shell or shown by `ps`. What is private (secret values, the credentials
 token) goes neither there nor on argv: docker reads it from a 0600 `--env-file`, a process gets it
@@ -14,6 +15,10 @@ is also echoed to the bootstrap's stdout as before.
 
 The job's output folder (`outputs_folder`) is a fresh host folder: docker mounts it into the
 container at `OUTPUTS_IN_CONTAINER`; a process gets the host path.
+
+The workload's stderr passes through this process, which keeps its last line: a workload that
+cannot start (docker's 125/126/127) or stops on an error says why there, and the exit report
+quotes it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any
+from typing import IO, Any
 
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
@@ -48,6 +53,10 @@ class Runtime:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last_line = "(no output on stderr)"
+        self._relay: threading.Thread | None = None
+        self.shipper: LogShipper | None = None
+        """Where the workload's output also goes, for runtimes that ship it themselves (`send_output_to`)."""
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
         """Nothing to fetch by default."""
@@ -68,7 +77,25 @@ class Runtime:
     def wait(self) -> int:
         assert self.proc is not None
         code = self.proc.wait()
+        if self._relay is not None:
+            self._relay.join(2)
         return 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell reports it
+
+    def _popen(self, argv: list[str], env: dict[str, str], **options: Any) -> None:
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, **options)
+        self._relay = threading.Thread(target=self._pass_stderr, args=(self.proc.stderr,), daemon=True)
+        self._relay.start()
+
+    def _pass_stderr(self, stream: IO[bytes]) -> None:
+        """Copy the workload's stderr to ours, keeping its last line (a descendant may hold it open: wait
+        joins this thread for a moment only, by when that line has been read)."""
+        for line in stream:
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
+            if self.shipper is not None:
+                self.shipper.write(line.decode("utf-8", "replace"))
+            if line.strip():
+                self.last_line = line.decode(errors="replace").strip()[-300:]
 
     def stop(self, signum: int, timeout: int) -> None:
         raise NotImplementedError
@@ -95,10 +122,10 @@ class ProcessRuntime(Runtime):
         "AWS_SHARED_CREDENTIALS_FILE",
     )
 
-    def __init__(self, entrypoint: list[str] | None = None) -> None:
+    def __init__(self, entrypoint: list[str] | None = None, engine: list[str] | None = None) -> None:
         super().__init__()
         self.entrypoint = entrypoint or []
-        self.shipper: LogShipper | None = None
+        self.engine = engine or []
         self._pump: threading.Thread | None = None
 
     CREDENTIALS = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"})
@@ -112,16 +139,11 @@ class ProcessRuntime(Runtime):
         full = {k: os.environ[k] for k in names if k in os.environ}
         full.update(env)
         full.update(private or {})
-        output = subprocess.PIPE if self.shipper else None  # None: the bootstrap's own stdout and stderr
-        self.proc = subprocess.Popen(
-            [*self.entrypoint, *doc["command"]],
-            env=full,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT if self.shipper else None,
-            start_new_session=True,
-        )
+        argv = [*self.engine, doc["image"]] if self.engine else self.entrypoint
+        output = subprocess.PIPE if self.shipper else None  # None: the bootstrap's own stdout
+        self._popen([*argv, *doc["command"]], full, start_new_session=True, stdout=output)
         if self.shipper is not None:
+            assert self.proc is not None
             assert self.proc.stdout is not None
             copy = {"echo": sys.stdout.buffer, "shipper": self.shipper}
             self._pump = threading.Thread(target=pump, args=(self.proc.stdout,), kwargs=copy, daemon=True)
@@ -218,9 +240,7 @@ class DockerRuntime(Runtime):
             argv += ["--env-file", self.env_file.path]
         for key in sorted(env):
             argv += ["-e", key]  # the value comes from this process's environment, never argv
-        self.proc = subprocess.Popen(
-            [*argv, doc["image"], *doc["command"]], env={**os.environ, **env}, stdin=subprocess.DEVNULL
-        )
+        self._popen([*argv, doc["image"], *doc["command"]], {**os.environ, **env})
 
     def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
         del clients  # the daemon writes with the instance role's credentials
