@@ -170,7 +170,7 @@ def _run(args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any]) -> 
         runtime.stop(stopper.signum, stopper.timeout)
     code = runtime.wait()
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
-    return code, f"workload exited with {code}{signalled}"
+    return code, f"workload exited with {code}{signalled}" + (f": {runtime.error_line}" if runtime.error_line else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ REPORT_SIGNATURE_SCHEME = "gpujobs-report-v1"
 """The first element of the canonical form a report's signature covers."""
 REPORT_KEY_ENV = "GPUJOBS_REPORT_KEY"
 """The workload's variable holding its attempt's report key, so the trainer signs its reports too."""
-EXIT_BOOTSTRAP_FAILED = 127
+EXIT_BOOTSTRAP_FAILED = 125
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 
 RENDEZVOUS_STATES = ("pending", "running")

@@ -34,6 +34,8 @@ class Runtime:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.unstarted = 0  # 127/126: the command was not found/not executable (no `proc`)
+        self.error_line = ""  # why the workload ended, when known: the exit report carries it
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
         """Nothing to fetch by default."""
@@ -87,9 +89,15 @@ class ProcessRuntime(Runtime):
         full = {k: os.environ[k] for k in names if k in os.environ}
         full.update(env)
         full.update(private or {})
-        self.proc = subprocess.Popen(
-            [*self.entrypoint, *doc["command"]], env=full, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        argv = [*self.entrypoint, *doc["command"]]
+        try:
+            self.proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL, start_new_session=True)
+        except (FileNotFoundError, PermissionError) as exc:  # the workload's exit, as docker or a shell reports it
+            self.unstarted = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.error_line = f"{argv[0]}: {exc.strerror}"
+
+    def wait(self) -> int:
+        return self.unstarted or super().wait()
 
     def stop(self, signum: int, timeout: int) -> None:
         self._signal(signum)

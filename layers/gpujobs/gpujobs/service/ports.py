@@ -67,7 +67,8 @@ class JobStore(Protocol):
 
     def find_by_instance(self, instance_id: str) -> Job | None: ...
 
-    def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]: ...
+    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
+        """Newest first, from the ByState index; only `team`'s jobs when given."""
 
 
 # ---- compute ------------------------------------------------------------------------------
