@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from gpujobs.adapters.catalog import gpu_counts
 from gpujobs.adapters.dynamodb import DynamoJobStore
@@ -31,7 +32,7 @@ from gpujobs.domain.spec import MAX_SPEC_BYTES, SpecError, json_schema, load_spe
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore
 from gpujobs_cli import render
-from gpujobs_cli.resources import QUEUE, TABLE, Resources, discover
+from gpujobs_cli.resources import DASHBOARD, QUEUE, TABLE, Resources, discover
 from gpujobs_cli.spend import spend_of
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
@@ -226,6 +227,27 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"cancellation requested for {job.job_id} (was {job.state.value})")
         print(f"follow it with: gpujobs status {job.job_id} --watch", file=sys.stderr)
     return EXIT_OK
+
+
+# ---- dashboard ----------------------------------------------------------------------------
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """The stack's CloudWatch dashboard: its name from the stack output (or GPUJOBS_DASHBOARD)."""
+    resources = _discover(args, needs=(DASHBOARD,))
+    name, region = resources.values[DASHBOARD], resources.region_name
+    url = dashboard_url(name, region)
+    print(json.dumps({"dashboard": name, "region": region, "url": url}, indent=2) if args.json else url)
+    return EXIT_OK
+
+
+def dashboard_url(name: str, region: str) -> str:
+    """The console page of dashboard `name` (the console's domain differs in China and GovCloud)."""
+    if region.startswith("cn-"):
+        host = f"{region}.console.amazonaws.cn"
+    elif region.startswith("us-gov-"):
+        host = "console.amazonaws-us-gov.com"
+    else:
+        host = f"{region}.console.aws.amazon.com"
+    return f"https://{host}/cloudwatch/home?region={region}#dashboards/dashboard/{quote(name, safe='')}"
 
 
 # ---- helpers ------------------------------------------------------------------------------

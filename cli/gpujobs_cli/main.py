@@ -33,6 +33,7 @@ examples:
   gpujobs list --state all --limit 20
   gpujobs status j-0123456789abcdef --watch
   gpujobs cancel j-0123456789abcdef
+  gpujobs dashboard
 
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
 or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
@@ -89,6 +90,14 @@ _COMMANDS = {
         "Send a cancel request for a job; its instances are terminated by the control plane.\n"
         "A job that has already ended is left alone (exit 0).",
         "examples:\n  gpujobs cancel j-0123456789abcdef\n  gpujobs cancel j-0123456789abcdef --json",
+    ),
+    "dashboard": (
+        "print the URL of the stack's CloudWatch dashboard",
+        "Print the console URL of the stack's operations dashboard (jobs by state, launches and\n"
+        "capacity refusals by pool, interruptions, steps lost, warning-to-resumed seconds, idle\n"
+        "and budget stops, estimated cost per team, dead-letter depth, function errors). The\n"
+        "name comes from the stack output DashboardName, or GPUJOBS_DASHBOARD.",
+        'examples:\n  gpujobs dashboard\n  open "$(gpujobs dashboard)"\n  gpujobs dashboard --json | jq -r .url',
     ),
     "schema": (
         "print the job spec's JSON Schema",
@@ -160,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
     made["list"].add_argument("--team", metavar="T", help="only team T's jobs")
-    for name in ("validate", "submit", "status", "list", "cancel"):
+    for name in ("validate", "submit", "status", "list", "cancel", "dashboard"):
         made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
     handlers = {
         "validate": commands.cmd_validate,
@@ -168,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status": commands.cmd_status,
         "list": commands.cmd_list,
         "cancel": commands.cmd_cancel,
+        "dashboard": commands.cmd_dashboard,
         "schema": commands.cmd_schema,
     }
     for name, handler in handlers.items():

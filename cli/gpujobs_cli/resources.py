@@ -17,14 +17,20 @@ from typing import Any
 
 DEFAULT_STACK = "gpujobs"
 
-QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
+QUEUE, TABLE, EVENT_BUS, BUCKET, DASHBOARD = "queue", "table", "event_bus", "bucket", "dashboard"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
     EVENT_BUS: "EventBusName",
     BUCKET: "CheckpointBucketName",
+    DASHBOARD: "DashboardName",
 }
-_ENV_OVERRIDES = {QUEUE: "GPUJOBS_QUEUE_URL", TABLE: "GPUJOBS_TABLE", EVENT_BUS: "GPUJOBS_EVENT_BUS"}
+_ENV_OVERRIDES = {
+    QUEUE: "GPUJOBS_QUEUE_URL",
+    TABLE: "GPUJOBS_TABLE",
+    EVENT_BUS: "GPUJOBS_EVENT_BUS",
+    DASHBOARD: "GPUJOBS_DASHBOARD",
+}
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 
 
@@ -44,12 +50,23 @@ class Resources:
 
     def client(self, service: str) -> Any:
         if service not in self._clients:
-            if self._session is None:
-                import boto3
-
-                self._session = boto3.session.Session(region_name=self.region)
-            self._clients[service] = self._session.client(service)
+            self._clients[service] = self._boto3_session().client(service)
         return self._clients[service]
+
+    def _boto3_session(self) -> Any:
+        if self._session is None:
+            import boto3
+
+            self._session = boto3.session.Session(region_name=self.region)
+        return self._session
+
+    @property
+    def region_name(self) -> str:
+        """The region boto3 resolves (--region, AWS_REGION, the profile); ConfigError when none."""
+        region: str | None = self._boto3_session().region_name
+        if not region:
+            raise ConfigError("no AWS region configured: pass --region or set AWS_REGION")
+        return region
 
     @property
     def queue_url(self) -> str:

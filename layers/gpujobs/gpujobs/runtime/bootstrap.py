@@ -27,6 +27,7 @@ from gpujobs.adapters.s3 import S3BlobStore
 from gpujobs.adapters.secrets import SecretsClient, StackSecretReportKeys
 from gpujobs.adapters.teams import SsmTeamConfig
 from gpujobs.runtime.settings import Need, Settings
+from gpujobs.service.changes import WriteCounter
 from gpujobs.service.jobs import JobService, LaunchConfig
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def render_user_data_lazily(doc: Any) -> str | bytes:
 def build_job_service(settings: Settings) -> JobService:
     # Imported here, not at the top: the handlers configure Powertools (observability) from their own
     # environment when they are imported; wiring must not create its logger and metrics earlier.
-    from gpujobs.runtime.observability import count_record_too_large
+    from gpujobs.runtime.observability import EmfMetrics, count_record_too_large
 
     return JobService(
         store=DynamoJobStore(
@@ -116,6 +117,7 @@ def build_job_service(settings: Settings) -> JobService:
         teams=SsmTeamConfig(client=client("ssm", settings), parameter_name=settings.teams_parameter)
         if settings.teams_parameter
         else None,
+        written=WriteCounter(EmfMetrics(), packaged_on_demand_prices()),
     )
 
 
