@@ -3,8 +3,8 @@
 Reads the bootstrap's environment, runs torchrun (static rendezvous at the rank-0 node's private
 IP, a fresh rendezvous id per attempt, no in-place restarts: the control plane replaces whole
 instances and the job resumes from its checkpoint), forwards signals and maps the outcome to one
-exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error,
-1 anything else.
+exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error (also a
+program or `python` script that is not there, checked before torchrun hides why), 1 anything else.
 
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
@@ -29,6 +29,7 @@ from types import FrameType
 from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
+from gpujobs_trainer.preflight import command_problem
 
 log = logging.getLogger("gpujobs_trainer.launch")
 
@@ -218,7 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
-    outcome = run(plan, env)
+    problem = command_problem(plan.command)  # torchrun would turn these into an anonymous crash
+    if problem is not None:
+        log.error("%s", problem)
+        outcome = JobOutcome(CONFIG_ERROR_EXIT_CODE, "config-error", problem)
+    else:
+        outcome = run(plan, env)
     report_exit(plan, outcome, env.get("GPUJOBS_EVENT_BUS", "").strip())
     return outcome.exit_code
 
