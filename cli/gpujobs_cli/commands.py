@@ -58,16 +58,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise CommandError("standard input ('-') can be named only once")
     sources = [read_source(path) for path in args.files]
     results = [_validate_one(label, text, args.allowed_instance_types) for label, text in sources]
+    failed = sum(1 for r in results if not r["ok"])
     if args.json:
         print(json.dumps(results, indent=2))
+        return EXIT_FAILED if failed else EXIT_OK
     several = len(results) > 1
-    for result in [] if args.json else results:
+    for result in results:
         if result["ok"]:
             print(f"{result['file']}: ok: {result['name']}" if several else f"ok: {result['name']}")
         for problem in result["problems"]:
             print(f"{result['file']}: {problem}")
-    failed = sum(1 for r in results if not r["ok"])
-    if several and not args.json:
+    if several:
         print(f"{len(results) - failed} of {len(results)} specs valid", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
