@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -112,8 +113,6 @@ def test_a_string_command_is_answered_with_its_argv_form(tmp_path: Path, capsys:
     ],
 )
 def test_the_argv_form_reads_back_as_the_same_argv(line: str) -> None:
-    import shlex
-
     document = documents.load(f"command: {argv_form(line)}\n")
 
     assert document == {"command": shlex.split(line)}
