@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from gpujobs.adapters.catalog import gpu_counts
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import (
@@ -41,7 +43,8 @@ from gpujobs.service.ports import JobNotFoundError, JobStore
 from gpujobs_cli import code, render
 from gpujobs_cli.code import CodePackError
 from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_stream, failed_attempt
-from gpujobs_cli.resources import BUCKET, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
+from gpujobs_cli.resources import BUCKET, DASHBOARD, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
+from gpujobs_cli.spend import spend_of
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 UNSUCCESSFUL_ENDS = frozenset({JobState.FAILED, JobState.REJECTED, JobState.CANCELLED})
@@ -60,15 +63,35 @@ class CommandError(Exception):
 
 # ---- offline ------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    label, text = read_source(args.file)
+    """One result per file, in order; exit 1 when any spec is invalid. Every file is read first: one
+    that cannot be read is a usage error (exit 2), as a mistyped path is, and nothing is judged."""
+    if args.files.count("-") > 1:
+        raise CommandError("standard input ('-') can be named only once")
+    sources = [read_source(path) for path in args.files]
+    results = [_validate_one(label, text, args.allowed_instance_types) for label, text in sources]
+    failed = sum(1 for r in results if not r["ok"])
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return EXIT_FAILED if failed else EXIT_OK
+    several = len(results) > 1
+    for result in results:
+        if result["ok"]:
+            print(f"{result['file']}: ok: {result['name']}" if several else f"ok: {result['name']}")
+        for problem in result["problems"]:
+            print(f"{result['file']}: {problem}")
+    if several:
+        print(f"{len(results) - failed} of {len(results)} specs valid", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _validate_one(label: str, text: bytes, allowed_instance_types: Sequence[str] | None) -> dict[str, Any]:
     try:
-        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types, local_code=True)
+        spec = load_spec(
+            text, allowed_instance_types=allowed_instance_types, instance_gpus=gpu_counts(), local_code=True
+        )
     except SpecError as exc:
-        for problem in exc.problems:
-            print(f"{label}: {problem}")
-        return EXIT_FAILED
-    print(f"ok: {spec.name}")
-    return EXIT_OK
+        return {"file": label, "ok": False, "name": None, "problems": exc.problems}
+    return {"file": label, "ok": True, "name": spec.name, "problems": []}
 
 
 def cmd_schema(_args: argparse.Namespace) -> int:
@@ -80,7 +103,9 @@ def cmd_schema(_args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     label, text = read_source(args.file)
     try:
-        spec = load_spec(text, allowed_instance_types=args.allowed_instance_types, local_code=True)
+        spec = load_spec(
+            text, allowed_instance_types=args.allowed_instance_types, instance_gpus=gpu_counts(), local_code=True
+        )
         if args.client_token and spec.client_token and args.client_token != spec.client_token:
             raise CommandError(
                 f"--client-token {args.client_token!r} conflicts with the spec's client_token {spec.client_token!r}"
@@ -88,7 +113,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         document = spec.model_dump(mode="json", exclude_unset=True)
         document["client_token"] = spec.client_token or args.client_token or uuid.uuid4().hex
         packed = _pack_local_code(label, spec.code)
-        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types, local_code=True)
+        spec = validate_spec(
+            document, allowed_instance_types=args.allowed_instance_types, instance_gpus=gpu_counts(), local_code=True
+        )
     except (SpecError, CodePackError) as exc:
         for problem in exc.problems if isinstance(exc, SpecError) else [str(exc)]:
             print(f"{label}: {problem}", file=sys.stderr)
@@ -105,7 +132,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         document.update(code=uri, code_sha256=packed.sha256)
         print(f"packed {packed.files} file(s) of code ({len(packed.data)} bytes) to {uri}", file=sys.stderr)
     try:
-        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types)
+        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types, instance_gpus=gpu_counts())
         body = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         if len(body.encode()) > MAX_SPEC_BYTES:
             raise SpecError([f"(spec): {len(body.encode())} bytes as JSON, more than one SQS message allows"])
@@ -172,7 +199,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _store(_discover(args, needs=(TABLE,)))
     job = _get(store, args.job_id)
     if not args.watch:
-        print(json.dumps(_status_json(job), indent=2) if args.json else render.job_status(job))
+        print(json.dumps(_status_json(job), indent=2) if args.json else _status_page(job))
         if not args.json:
             _print_failure_tail(args, job)
         return EXIT_OK
@@ -181,7 +208,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(_status_json(current)), flush=True)
         else:
-            print(render.job_status(current) + "\n", flush=True)
+            print(_status_page(current) + "\n", flush=True)
 
     job = wait_for(store, job.job_id, done=lambda j: j.state.is_terminal, on_change=show, first=job)
     if not args.json:
@@ -260,22 +287,37 @@ def _wait_for_stream(logs: JobLogs, stream: str, attempt_over: Callable[[], bool
 def _status_json(job: Job) -> dict[str, Any]:
     """The job record, and its deadline's standing now when it has one (`deadline`)."""
     deadline = render.deadline_json(job, datetime.now(UTC))
-    return job.model_dump(mode="json") | ({"deadline": deadline} if deadline is not None else {})
+    return _with_spend(job) | ({"deadline": deadline} if deadline is not None else {})
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     states = parse_states(args.state)
     store = _store(_discover(args, needs=(TABLE,)))
-    jobs = [job for state in states for job in store.list_by_state(state, limit=args.limit)]
+    jobs = [job for state in states for job in store.list_by_state(state, limit=args.limit, team=args.team)]
     jobs.sort(key=lambda j: j.updated_at, reverse=True)
     jobs = jobs[: args.limit]
     if args.json:
-        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+        print(json.dumps([_with_spend(j) for j in jobs], indent=2))
     elif jobs:
-        print(render.job_list(jobs))
+        now = _now()
+        print(render.job_list(jobs, spends={j.job_id: spend_of(j, now) for j in jobs}))
     else:
-        print(f"no jobs in {', '.join(s.value for s in states)}")
+        of_team = f" of team {args.team}" if args.team else ""
+        print(f"no jobs{of_team} in {', '.join(s.value for s in states)}")
     return EXIT_OK
+
+
+def _status_page(job: Job) -> str:
+    return render.job_status(job, spend=spend_of(job, _now()))
+
+
+def _with_spend(job: Job) -> dict[str, Any]:
+    """The job record as JSON, plus `spend`: what it has cost so far (`gpujobs_cli.spend`)."""
+    return {**job.model_dump(mode="json"), "spend": spend_of(job, _now()).as_json()}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 def parse_states(requested: Sequence[str] | None) -> list[JobState]:
@@ -309,6 +351,27 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"cancellation requested for {job.job_id} (was {job.state.value})")
         print(f"follow it with: gpujobs status {job.job_id} --watch", file=sys.stderr)
     return EXIT_OK
+
+
+# ---- dashboard ----------------------------------------------------------------------------
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """The stack's CloudWatch dashboard: its name from the stack output (or GPUJOBS_DASHBOARD)."""
+    resources = _discover(args, needs=(DASHBOARD,))
+    name, region = resources.values[DASHBOARD], resources.region_name
+    url = dashboard_url(name, region)
+    print(json.dumps({"dashboard": name, "region": region, "url": url}, indent=2) if args.json else url)
+    return EXIT_OK
+
+
+def dashboard_url(name: str, region: str) -> str:
+    """The console page of dashboard `name` (the console's domain differs in China and GovCloud)."""
+    if region.startswith("cn-"):
+        host = f"{region}.console.amazonaws.cn"
+    elif region.startswith("us-gov-"):
+        host = "console.amazonaws-us-gov.com"
+    else:
+        host = f"{region}.console.aws.amazon.com"
+    return f"https://{host}/cloudwatch/home?region={region}#dashboards/dashboard/{quote(name, safe='')}"
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ main() parses arguments, runs one command from commands.py and turns every expec
 (a missing file, a missing stack, a refused credential, an unreachable endpoint) into one line on
 stderr and an exit code, so a user never reads a traceback for something they can fix:
 0 ok, 1 invalid spec or a job that ended FAILED/REJECTED/CANCELLED while waiting, 2 usage or
-configuration (including AWS access), 3 job not found.
+configuration (including AWS access), 3 job not found, 141 a reader that closed standard output
+early (`gpujobs list | head -1` prints no traceback).
 
 Commands that live in other packages (`gpujobs local`, the local cloud of a development install)
 are plugins: entry points in the `gpujobs.cli` group, loaded by name only when typed. So this
@@ -14,7 +15,9 @@ package imports none of them, and the local cloud may import the CLI without an 
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -35,14 +38,18 @@ examples:
   gpujobs cancel j-0123456789abcdef
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
+  gpujobs dashboard
 
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
 or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
-exit codes: 0 ok, 1 invalid spec or job ended FAILED/REJECTED/CANCELLED, 2 usage or configuration, 3 job not found.
+exit codes: 0 ok, 1 invalid spec or job ended FAILED/REJECTED/CANCELLED, 2 usage or configuration, 3 job not found,
+141 standard output closed early (as by `| head`; nothing else is printed).
 
 the local cloud (a development install): gpujobs local demo | up | tour   (gpujobs local --help)
 """
 
+EXIT_READER_GONE = 128 + signal.SIGPIPE
+"""What a shell reports for a writer whose reader went away (141)."""
 PLUGIN_GROUP = "gpujobs.cli"
 """Entry point group of commands from other packages: name -> `main(argv: list[str]) -> int`."""
 _PLUGIN_MISSING = {"local": "`gpujobs local` needs a development install of this repository (make setup)"}
@@ -50,10 +57,12 @@ _PLUGIN_MISSING = {"local": "`gpujobs local` needs a development install of this
 
 _COMMANDS = {
     "validate": (
-        "check a job spec offline",
-        "Validate a JSON or YAML job spec with the control plane's own rules; no AWS call is made.\n"
-        "Prints 'ok: NAME', or one line per problem ('FILE: field: rule') and exits 1.",
-        "examples:\n  gpujobs validate examples/digits.yaml\n"
+        "check job specs offline",
+        "Validate JSON or YAML job specs with the control plane's own rules, and the instance types\n"
+        "against the packaged catalog (known types, their GPU counts); no AWS call is made.\n"
+        "Prints 'ok: NAME' ('FILE: ok: NAME' for several files), or one line per problem\n"
+        "('FILE: field: rule'); exits 1 when any spec is invalid.",
+        "examples:\n  gpujobs validate examples/digits.yaml\n  gpujobs validate examples/*.yaml examples/*.json --json\n"
         "  gpujobs validate job.json --allowed-instance-types g5.xlarge,g6.xlarge\n  cat job.yaml | gpujobs validate -",
     ),
     "submit": (
@@ -67,15 +76,19 @@ _COMMANDS = {
     ),
     "status": (
         "show one job",
-        "Show a job's state, attempts, failed launch tries and history.",
+        "Show a job's state, cost so far, attempts, failed launch tries and history; for an ended\n"
+        "job, also the GPU-hours it paid for and the part whose work was kept ('useful').\n"
+        "A cost marked '~' is an upper estimate (spot is priced at the on-demand list price).",
         "examples:\n  gpujobs status j-0123456789abcdef\n  gpujobs status j-0123456789abcdef --watch\n"
         "  gpujobs status j-0123456789abcdef --json | jq .state",
     ),
     "list": (
         "list jobs by state, newest first",
         "List jobs in the given states (default: the active ones, QUEUED LAUNCHING RUNNING\n"
-        "INTERRUPTED), newest first. Reads the table's ByState index; never scans.",
-        "examples:\n  gpujobs list\n  gpujobs list --state all --limit 100\n  gpujobs list --state FAILED STOPPED --json",
+        "INTERRUPTED), newest first, with each job's cost so far ('~': an upper estimate).\n"
+        "Reads the table's ByState index; never scans.",
+        "examples:\n  gpujobs list\n  gpujobs list --state all --limit 100\n  gpujobs list --state FAILED STOPPED --json\n"
+        "  gpujobs list --team ml-platform | head -5",
     ),
     "logs": (
         "print a job's output",
@@ -104,6 +117,14 @@ _COMMANDS = {
         "Refuses to overwrite an existing file unless --force; a key that is not a plain path inside\n"
         "DIR is skipped with a warning (exit 1). Progress goes to stderr.",
         "examples:\n  gpujobs download j-0123456789abcdef\n  gpujobs download j-0123456789abcdef ./results --force",
+    ),
+    "dashboard": (
+        "print the URL of the stack's CloudWatch dashboard",
+        "Print the console URL of the stack's operations dashboard (jobs by state, launches and\n"
+        "capacity refusals by pool, interruptions, steps lost, warning-to-resumed seconds, idle\n"
+        "and budget stops, estimated cost per team, dead-letter depth, function errors). The\n"
+        "name comes from the stack output DashboardName, or GPUJOBS_DASHBOARD.",
+        'examples:\n  gpujobs dashboard\n  open "$(gpujobs dashboard)"\n  gpujobs dashboard --json | jq -r .url',
     ),
     "schema": (
         "print the job spec's JSON Schema",
@@ -167,8 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
         made[name] = sub.add_parser(
             name, help=summary, description=description, epilog=epilog, formatter_class=raw, parents=[common]
         )
+    made["validate"].add_argument(
+        "files", nargs="+", metavar="FILE", help="job specs, JSON or YAML ('-' for standard input)"
+    )
+    made["submit"].add_argument("file", metavar="FILE", help="job spec, JSON or YAML ('-' for standard input)")
     for name in ("validate", "submit"):
-        made[name].add_argument("file", metavar="FILE", help="job spec, JSON or YAML ('-' for standard input)")
         made[name].add_argument(
             "--allowed-instance-types",
             type=_allowed_types,
@@ -194,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="states to list (repeatable or comma-separated); 'all' for every state",
     )
     made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
-    for name in ("submit", "status", "list", "cancel", "logs"):
+    made["list"].add_argument("--team", metavar="T", help="only team T's jobs")
+    for name in ("validate", "submit", "status", "list", "cancel", "logs", "dashboard"):
         made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
     handlers = {
         "validate": commands.cmd_validate,
@@ -202,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status": commands.cmd_status,
         "list": commands.cmd_list,
         "cancel": commands.cmd_cancel,
+        "dashboard": commands.cmd_dashboard,
         "schema": commands.cmd_schema,
         "logs": commands.cmd_logs,
         "artifacts": artifacts.cmd_artifacts,
@@ -229,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.region = getattr(args, "region", None)
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone early (`| head`) is handled below
+    except BrokenPipeError:
+        return _reader_gone()
     except commands.CommandError as exc:
         return _fail(str(exc), exc.code)
     except ConfigError as exc:
@@ -256,6 +285,18 @@ def _plugin(name: str) -> Callable[[list[str]], int] | None:
         return cast(Callable[[list[str]], int], point.load())
     except ImportError:
         return None
+
+
+def _reader_gone() -> int:
+    """Standard output's reader has closed it (`gpujobs list | head -1`): stop quietly, exiting as a
+    Unix tool killed by SIGPIPE would (141). Output still buffered would fail again as Python
+    flushes it at exit, so standard output is pointed at /dev/null first."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (a test's capture)
+        pass
+    return EXIT_READER_GONE
 
 
 def _fail(message: str, code: int) -> int:

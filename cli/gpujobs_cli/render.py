@@ -10,12 +10,13 @@ character is shown as `\\xNN`, never sent, and cannot recolour, retitle or rewri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from gpujobs.domain.deadline import Slack, slack_of
 from gpujobs.domain.job import Job
 from gpujobs.domain.spec import printable
+from gpujobs_cli.spend import Spend, dollars
 
 DETAIL_WIDTH = 48
 
@@ -80,8 +81,9 @@ def deadline_line(job: Job, now: datetime) -> str | None:
     return f"deadline  {timing}, slack {_hours(slack.slack)} h {due}"
 
 
-def job_status(job: Job, *, now: datetime | None = None) -> str:
-    """The `gpujobs status` page (`now`: the time the deadline's slack is read at, default the clock)."""
+def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = None) -> str:
+    """The `gpujobs status` page; with `spend`, its cost (and, once ended, its GPU-hours); `now`: the time
+    the deadline's slack is read at, default the clock."""
     lines = [
         f"job       {job.job_id}",
         f"name      {_opt(job.name)}",
@@ -100,6 +102,8 @@ def job_status(job: Job, *, now: datetime | None = None) -> str:
     deadline = deadline_line(job, now or datetime.now(UTC))
     if deadline is not None:
         lines.append(deadline)
+    if spend is not None:
+        lines += spend_lines(spend, ended=job.state.is_terminal)
     if job.checkpoint_step is not None:
         lines.append(f"resumes   from checkpoint step {job.checkpoint_step}")
     if job.interruptions or job.crashes:
@@ -138,6 +142,7 @@ def job_status(job: Job, *, now: datetime | None = None) -> str:
         ]
         headers = ["#", "TYPE", "ZONE", "MARKET", "INSTANCES", "STARTED", "ENDED", "END REASON", "CKPT STEP"]
         lines += ["", "attempts:", _indent(table(headers, rows))]
+    lines += error_lines(job)
     tries = [(a.number, t) for a in job.attempts for t in a.tries]
     if tries:
         rows = [
@@ -171,8 +176,27 @@ def job_status(job: Job, *, now: datetime | None = None) -> str:
     return "\n".join(lines)
 
 
-def job_list(jobs: Sequence[Job]) -> str:
-    """The `gpujobs list` table."""
+def error_lines(job: Job) -> list[str]:
+    """The exit message of each failed attempt (say, a configuration error's), one line each."""
+    failed = [a for a in job.attempts if a.error_line]
+    if not failed:
+        return []
+    return ["", "exit messages:", *(f"  #{a.number}  {truncate(a.error_line, 200)}" for a in failed)]
+
+
+def spend_lines(spend: Spend, *, ended: bool) -> list[str]:
+    """`cost` (so far, while the job runs) and, for an ended job, paid vs useful GPU-hours."""
+    note = " (~: an upper estimate, spot priced at the on-demand list price)" if spend.estimated else ""
+    lines = [f"cost      {dollars(spend)}{'' if ended else ' so far'}{note}"]
+    if spend.paid_gpu_hours is not None and spend.useful_gpu_hours is not None:
+        share = f" ({spend.useful_gpu_hours / spend.paid_gpu_hours:.0%})" if spend.paid_gpu_hours else ""
+        lines.append(f"gpu-hours {spend.paid_gpu_hours:.2f} paid, {spend.useful_gpu_hours:.2f} useful{share}")
+    return lines
+
+
+def job_list(jobs: Sequence[Job], *, spends: Mapping[str, Spend] | None = None) -> str:
+    """The `gpujobs list` table; with `spends` (by job id), a COST column."""
+    headers = ["JOB ID", "NAME", "TEAM", "STATE", "ATTEMPT", "UPDATED", "DETAIL"]
     rows = [
         [
             printable(j.job_id),
@@ -185,7 +209,12 @@ def job_list(jobs: Sequence[Job]) -> str:
         ]
         for j in jobs
     ]
-    return table(["JOB ID", "NAME", "TEAM", "STATE", "ATTEMPT", "UPDATED", "DETAIL"], rows)
+    if spends is not None:
+        headers.insert(5, "COST")
+        for job, row in zip(jobs, rows, strict=True):
+            spend = spends.get(job.job_id)
+            row.insert(5, dollars(spend) if spend is not None else "-")
+    return table(headers, rows)
 
 
 def _indent(text: str) -> str:

@@ -17,13 +17,15 @@ from typing import Any
 
 DEFAULT_STACK = "gpujobs"
 
-QUEUE, TABLE, EVENT_BUS, BUCKET, LOG_GROUP = "queue", "table", "event_bus", "bucket", "log_group"
+QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
+LOG_GROUP, DASHBOARD = "log_group", "dashboard"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
     EVENT_BUS: "EventBusName",
     BUCKET: "CheckpointBucketName",
     LOG_GROUP: "JobLogGroupName",
+    DASHBOARD: "DashboardName",
 }
 _ENV_OVERRIDES = {
     QUEUE: "GPUJOBS_QUEUE_URL",
@@ -31,6 +33,7 @@ _ENV_OVERRIDES = {
     EVENT_BUS: "GPUJOBS_EVENT_BUS",
     LOG_GROUP: "GPUJOBS_LOG_GROUP",
     BUCKET: "GPUJOBS_BUCKET",
+    DASHBOARD: "GPUJOBS_DASHBOARD",
 }
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 
@@ -51,12 +54,23 @@ class Resources:
 
     def client(self, service: str) -> Any:
         if service not in self._clients:
-            if self._session is None:
-                import boto3
-
-                self._session = boto3.session.Session(region_name=self.region)
-            self._clients[service] = self._session.client(service)
+            self._clients[service] = self._boto3_session().client(service)
         return self._clients[service]
+
+    def _boto3_session(self) -> Any:
+        if self._session is None:
+            import boto3
+
+            self._session = boto3.session.Session(region_name=self.region)
+        return self._session
+
+    @property
+    def region_name(self) -> str:
+        """The region boto3 resolves (--region, AWS_REGION, the profile); ConfigError when none."""
+        region: str | None = self._boto3_session().region_name
+        if not region:
+            raise ConfigError("no AWS region configured: pass --region or set AWS_REGION")
+        return region
 
     @property
     def queue_url(self) -> str:

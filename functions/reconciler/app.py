@@ -8,8 +8,9 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from gpujobs.domain.states import ACTIVE_STATES
 from gpujobs.runtime.bootstrap import reconciler, require_settings
-from gpujobs.runtime.observability import logger, metrics, tracer
+from gpujobs.runtime.observability import count_jobs_by_state, logger, metrics, tracer
 from gpujobs.runtime.settings import Need
 
 SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
@@ -27,6 +28,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         extra={"active_jobs": result.active_jobs, "live_instances": result.live_instances, **result.repairs},
     )
     metrics.add_metric(name="ActiveJobs", unit=MetricUnit.Count, value=result.active_jobs)
+    count_jobs_by_state(result.jobs_by_state, [state.value for state in ACTIVE_STATES])
     for what, count in result.repairs.items():
         metrics.add_metric(
             name="Repairs" + "".join(w.title() for w in what.split()), unit=MetricUnit.Count, value=count

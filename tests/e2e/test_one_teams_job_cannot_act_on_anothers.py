@@ -29,7 +29,7 @@ What the local cloud enforces and what is proven elsewhere:
     `::test_no_job_may_write_a_run_document_and_instances_may_only_read_them`,
     `::test_a_session_policy_names_only_its_job_its_team_and_its_teams_data_buckets`.
 
-The refusal of a swapped run document reaches the control plane as that attempt's exit (exit 127,
+The refusal of a swapped run document reaches the control plane as that attempt's exit (exit 125,
 bootstrap-failed): user data carries, beside the pointer and its digest, the job, attempt and bus
 to report to, so a refused document never leaves the job waiting for its instance to vanish.
 """
@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from gpujobs.contract import INSTANCE_SOURCE, TRAINER_SOURCE
+from gpujobs.contract import INSTANCE_SOURCE, TRAINER_SOURCE, ExitCode
 from gpujobs.domain.job import job_id_for
 from gpujobs.domain.report_auth import sign
 from gpujobs.domain.states import JobState
@@ -180,7 +180,7 @@ def test_each_attack_by_one_teams_job_on_anothers_is_refused_and_recorded(
     assert not pwned.exists(), "the swapped run document's command ran"
     stage.wait(
         "the refusal reported as the attempt's exit",
-        lambda: 127 in getattr(stage.job(a2_job).attempt(1), "exit_codes", {}).values(),
+        lambda: ExitCode.BOOTSTRAP_FAILED in getattr(stage.job(a2_job).attempt(1), "exit_codes", {}).values(),
         60,
     )
     # A gives that job up

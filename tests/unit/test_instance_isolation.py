@@ -28,6 +28,7 @@ from botocore.credentials import ContainerProvider
 from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.instance import errors, runtimes
+from gpujobs.instance.contract import EXIT_BOOTSTRAP_FAILED
 from gpujobs.instance.credentials import JobCredentials
 from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
@@ -138,7 +139,7 @@ def test_a_secret_the_job_cannot_read_fails_the_bootstrap_naming_it_without_a_va
         code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
 
     (exited,) = bus.exits()
-    assert code == exited["exit_code"] == 127
+    assert code == exited["exit_code"] == EXIT_BOOTSTRAP_FAILED
     assert exited["reason"] == "bootstrap-failed"
     assert "cannot read secret MISSING from ssm:/gpujobs/vision/nope" in exited["message"]
     assert not (tmp_path / "out.json").exists()
@@ -161,7 +162,7 @@ def test_a_run_document_swapped_in_s3_after_launch_is_refused(tmp_path: Path, bu
 
     # Then the bootstrap refuses it, says why, and runs nothing
     (exited,) = bus.exits()
-    assert code == exited["exit_code"] == 127
+    assert code == exited["exit_code"] == EXIT_BOOTSTRAP_FAILED
     assert exited["reason"] == "bootstrap-failed"
     assert "SHA-256" in exited["message"]
     assert "refused" in exited["message"]
@@ -186,7 +187,7 @@ def test_a_refused_run_document_is_still_reported_as_its_attempts_exit(
 
     # Then the refusal reaches the control plane as this attempt's exit, not only the instance's log
     (exited,) = bus.exits()
-    assert code == exited["exit_code"] == 127
+    assert code == exited["exit_code"] == EXIT_BOOTSTRAP_FAILED
     assert (exited["job_id"], exited["attempt"]) == (original.job_id, original.attempt)
     assert exited["reason"] == "bootstrap-failed"
     assert "SHA-256" in exited["message"]

@@ -288,6 +288,8 @@ def exit_detail(plan: LaunchPlan, outcome: JobOutcome) -> dict[str, object]:
     }
     if plan.instance_id:
         detail["instance_id"] = plan.instance_id
+    if outcome.message:
+        detail["message"] = outcome.message
     return detail
 
 

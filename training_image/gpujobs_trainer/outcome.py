@@ -53,6 +53,8 @@ def read_outcomes(outcome_dir: Path) -> list[WorkerOutcome]:
 class JobOutcome:
     exit_code: int
     reason: str  # succeeded | preempted | config-error | crashed
+    message: str = ""
+    """A configuration error's words (the first worker's that reported one): the exit report's message."""
 
 
 def decide_exit(*, torchrun_code: int, outcomes: list[WorkerOutcome], expected_workers: int) -> JobOutcome:
@@ -67,6 +69,7 @@ def decide_exit(*, torchrun_code: int, outcomes: list[WorkerOutcome], expected_w
         return JobOutcome(SUCCESS_EXIT_CODE, "succeeded")
     if len(outcomes) >= expected_workers and all(c == PREEMPTED_EXIT_CODE for c in codes):
         return JobOutcome(PREEMPTED_EXIT_CODE, "preempted")
-    if CONFIG_ERROR_EXIT_CODE in codes:
-        return JobOutcome(CONFIG_ERROR_EXIT_CODE, "config-error")
+    misconfigured = [o for o in outcomes if o.exit_code == CONFIG_ERROR_EXIT_CODE]
+    if misconfigured:
+        return JobOutcome(CONFIG_ERROR_EXIT_CODE, "config-error", misconfigured[0].message)
     return JobOutcome(CRASH_EXIT_CODE, "crashed")

@@ -212,5 +212,6 @@ class ExitCode(IntEnum):
     """EX_TEMPFAIL: interrupted, a checkpoint is committed; resume me."""
     CONFIG_ERROR = 78
     """EX_CONFIG: the job is misconfigured; retrying the same configuration fails the same way."""
-    BOOTSTRAP_FAILED = 127
-    """The instance bootstrap could not start the workload."""
+    BOOTSTRAP_FAILED = 125
+    """The instance bootstrap could not start the workload (as `docker run` exits 125 when it cannot
+    run a container). Not 127: that is a shell's "command not found", a configuration error."""

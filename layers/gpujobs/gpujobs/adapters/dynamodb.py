@@ -121,16 +121,20 @@ class DynamoJobStore:
         ).get("Items", [])
         return self.get(items[0]["job_id"]["S"]) if items else None
 
-    def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]:
+    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
         jobs: list[Job] = []
+        names, values = {"#s": "state"}, {":s": {"S": state.value}}
         kwargs: QueryInputTypeDef = {
             "TableName": self._table,
             "IndexName": "ByState",
             "KeyConditionExpression": "#s = :s",
-            "ExpressionAttributeNames": {"#s": "state"},
-            "ExpressionAttributeValues": {":s": {"S": state.value}},
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
             "ScanIndexForward": False,
         }
+        if team is not None:  # filtered after each page is read: the loop reads on until `limit` match
+            kwargs["FilterExpression"] = "#t = :t"
+            names["#t"], values[":t"] = "team", {"S": team}
         while len(jobs) < limit:
             kwargs["Limit"] = limit - len(jobs)
             page = self._ddb.query(**kwargs)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
 from gpujobs.domain.cost_anomaly import CostAnomaly
+from gpujobs.domain.job import MAX_DETAIL_CHARS
 from gpujobs.domain.reports import (
     INSTANCE_ID,
     JOB_ID,
@@ -97,6 +98,7 @@ class JobExited(_Report):
     node_rank: int | None = None
     instance_id: str | None = Field(default=None, pattern=INSTANCE_ID_PATTERN)
     reason: str = ""
+    message: str = ""
 
     def report(self) -> Report:
         return ExitReport(
@@ -105,6 +107,7 @@ class JobExited(_Report):
             exit_code=self.exit_code,
             instance_id=self.instance_id,
             node_rank=self.node_rank,
+            message=self.message[:MAX_DETAIL_CHARS],
         )
 
 

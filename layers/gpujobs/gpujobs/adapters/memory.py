@@ -123,9 +123,10 @@ class InMemoryJobStore:
         job_id = self._instances.get(instance_id)
         return self._jobs[job_id] if job_id else None
 
-    def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]:
+    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
         indexed = self._jobs if self._index is None else self._index
-        jobs = sorted((j for j in indexed.values() if j.state is state), key=lambda j: j.updated_at, reverse=True)
+        found = (j for j in indexed.values() if j.state is state and team in (None, j.team))
+        jobs = sorted(found, key=lambda j: j.updated_at, reverse=True)
         return jobs[:limit]
 
 

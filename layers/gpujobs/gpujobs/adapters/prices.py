@@ -1,9 +1,10 @@
 """Hourly instance prices for cost caps: on-demand from a packaged table, spot from EC2.
 
 Caps need the right order of magnitude, and when unsure they must err high. So:
-- On-demand prices come from `gpujobs/data/ondemand_prices.json`, us-east-1 Linux list prices for
-  the stack's default allow-list, read once. The Pricing API is not used: it answers from only two
-  regions, returns kilobytes of JSON per type, and would need one more IAM grant. A type missing
+- On-demand prices come from `gpujobs/data/ondemand_prices.json` (`adapters.catalog`), us-east-1
+  Linux list prices for the stack's default allow-list and common GPU types, read once. The Pricing
+  API is not used: it answers from only two regions, returns kilobytes of JSON per type, and would
+  need one more IAM grant. A type missing
   from the table has no price here (None); a cost cap then counts it at the highest price of its
   family (`domain.cost.price_erring_high`), and submit refuses a `max_cost_usd` over such a type.
 - Spot prices come from `describe_spot_price_history` at "now" for the zone, cached per (type, zone)
@@ -13,15 +14,13 @@ Caps need the right order of magnitude, and when unsure they must err high. So:
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from datetime import UTC, datetime, timedelta
-from importlib import resources
 from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from gpujobs.adapters.catalog import on_demand_prices
 from gpujobs.domain.job import Market
 from gpujobs.service.ports import Clock
 
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PRICE_TABLE = "data/ondemand_prices.json"
 SPOT_CACHE_TTL = timedelta(minutes=10)
 
 
@@ -41,11 +39,9 @@ class _UtcClock:
         return datetime.now(UTC)
 
 
-@functools.cache
 def packaged_on_demand_prices() -> dict[str, float]:
-    """Instance type -> on-demand USD per hour, from the packaged table, read once per process."""
-    text = resources.files("gpujobs").joinpath(PRICE_TABLE).read_text(encoding="utf-8")
-    return {name: float(price) for name, price in json.loads(text)["prices"].items()}
+    """Instance type -> on-demand USD per hour, from the packaged table (read once per process)."""
+    return on_demand_prices()
 
 
 class Ec2Prices:

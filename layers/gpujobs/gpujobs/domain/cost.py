@@ -89,3 +89,28 @@ def _pool_of(attempt: Attempt) -> BilledPool | None:
     if not attempt.instance_ids or attempt.instance_type is None:
         return None
     return BilledPool(instance_type=attempt.instance_type, market=attempt.market or Market.ON_DEMAND, zone=attempt.zone)
+
+
+@dataclass(frozen=True)
+class GpuHours:
+    """GPU-hours a job paid for, and the part whose work was kept (`Attempt.useful_instance_seconds`)."""
+
+    paid: float
+    useful: float
+
+
+def gpu_hours_of(job: Job, now: datetime, gpus: Mapping[str, int], *, default_gpus: int) -> GpuHours:
+    """Instance-hours times each type's GPU count (`default_gpus` for a type missing from `gpus`):
+    paid counts every GPU of every instance held, useful only the time whose work was kept."""
+
+    def per_instance(instance_type: str) -> int:
+        return gpus.get(instance_type, default_gpus)
+
+    paid = sum(u.instance_seconds * per_instance(u.instance_type) for u in job.retired.usage)
+    useful = sum(u.useful_instance_seconds * per_instance(u.instance_type) for u in job.retired.usage)
+    for attempt in job.attempts:
+        if attempt.instance_ids and attempt.instance_type is not None:
+            held = ((attempt.ended_at or now) - attempt.started_at).total_seconds() * len(attempt.instance_ids)
+            paid += held * per_instance(attempt.instance_type)
+            useful += attempt.useful_instance_seconds * per_instance(attempt.instance_type)
+    return GpuHours(paid=paid / 3600, useful=useful / 3600)

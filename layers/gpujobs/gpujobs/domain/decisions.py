@@ -37,7 +37,7 @@ from gpujobs.domain.fate import (
     moves_for,
     stop_is_due,
 )
-from gpujobs.domain.job import Attempt, Job, Market, StopRequest
+from gpujobs.domain.job import Attempt, Job, Market, StopRequest, cap_detail
 from gpujobs.domain.spec import IdleAction
 from gpujobs.domain.states import JobState, Reason
 
@@ -111,7 +111,9 @@ def on_checkpoint(job: Job, *, attempt: int, step: int, uri: str, now: datetime)
     changed = job
     record = job.attempt(attempt)
     if record is not None and (record.checkpoint_step is None or step > record.checkpoint_step):
-        changed = changed.with_attempt(record.model_copy(update={"checkpoint_step": step}), now=now)
+        changed = changed.with_attempt(
+            record.model_copy(update={"checkpoint_step": step, "checkpoint_at": now}), now=now
+        )
     if job.checkpoint_step is None or step > job.checkpoint_step:
         changed = changed.model_copy(update={"checkpoint_step": step, "checkpoint_uri": uri, "updated_at": now})
     if changed is job:
@@ -145,19 +147,29 @@ def _resume_metrics(job: Job, attempt_number: int) -> dict[str, float]:
 
 
 def on_exit(
-    job: Job, *, attempt: int, exit_code: int, instance_id: str | None, node_rank: int | None, now: datetime
+    job: Job,
+    *,
+    attempt: int,
+    exit_code: int,
+    instance_id: str | None,
+    node_rank: int | None,
+    now: datetime,
+    message: str = "",
 ) -> Decision:
     """Record a node's exit code, then judge the attempt.
 
     A report may overtake the write that records the launch: it is kept on the attempt under its
-    instance id (or `rank:<n>`) and mapped onto the instances when they are recorded.
+    instance id (or `rank:<n>`) and mapped onto the instances when they are recorded. The message
+    of the attempt's first failed exit is kept as its `error_line` (shown, never decided on).
     """
     found = job.attempt(attempt)
     key = None if found is None or found.is_over else exit_key(found, instance_id, node_rank)
     if found is None or key is None or key in found.exit_codes:
         return ignore(Outcome.ALREADY_HANDLED, "exit already recorded, or the attempt is over")
-    codes = {**found.exit_codes, key: exit_code}
-    changed = job.with_attempt(found.model_copy(update={"exit_codes": codes}), now=now)
+    update: dict[str, object] = {"exit_codes": {**found.exit_codes, key: exit_code}}
+    if exit_code != 0 and message.strip() and not found.error_line:
+        update["error_line"] = cap_detail(" ".join(message.split()))
+    changed = job.with_attempt(found.model_copy(update=update), now=now)
     return Decision(Outcome.EXIT_RECORDED, changed, detail=f"exit {exit_code} on {key}").then(settle(changed, now=now))
 
 

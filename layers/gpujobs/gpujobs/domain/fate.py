@@ -25,6 +25,11 @@ REPORT_GRACE = timedelta(seconds=90)
 """How long to wait, after an attempt's instances are gone, for exit reports still in flight."""
 STOP_CHECKPOINT_DEADLINE = timedelta(minutes=10)
 """How long a policy stop waits for the checkpoint it asked for before stopping anyway."""
+MISCONFIGURED_EXIT_CODES = frozenset({ExitCode.CONFIG_ERROR, 2, 126, 127})
+"""Exit codes that name a configuration error when no step was made: 78 (EX_CONFIG, the trainer's
+and any script's "misconfigured"), 2 (a usage error; Python's `can't open file`), 126 and 127 (a
+shell's or `docker run`'s "not executable" and "not found"). The bootstrap's own failures (a pull,
+a rendezvous timeout) exit `ExitCode.BOOTSTRAP_FAILED`, never one of these: they may pass."""
 
 
 class Verdict(StrEnum):
@@ -37,6 +42,8 @@ class Verdict(StrEnum):
     """Reclaimed (spot warning, preempted exit or spot loss): replace, counted as an interruption."""
     CRASHED = "crashed"
     """Failed: retry while attempts remain."""
+    MISCONFIGURED = "misconfigured"
+    """Failed with a configuration error before its first step: a retry would fail the same way."""
     LOST = "lost"
     """Gone without a report and not spot: relaunch, counted against max_attempts."""
     STOPPED = "stopped"
@@ -70,6 +77,8 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
         return Judgement(Verdict.WAIT)
     if job.stop_request is not None and not crashed:
         return Judgement(Verdict.STOPPED, job.stop_request.detail or job.stop_request.reason.value)
+    if crashed and misconfigured(attempt, crashed):
+        return Judgement(Verdict.MISCONFIGURED, _config_error(attempt, crashed))
     if crashed:
         return Judgement(Verdict.CRASHED, _codes(crashed))
     if codes and all(c == 0 for c in codes.values()) and attempt.all_reported:
@@ -80,6 +89,19 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
     if attempt.market is Market.SPOT:
         return Judgement(Verdict.INTERRUPTED, f"spot instances gone without a report: {', '.join(missing)}")
     return Judgement(Verdict.LOST, f"instances gone without a report: {', '.join(missing)}")
+
+
+def misconfigured(attempt: Attempt, crashed: dict[str, int]) -> bool:
+    """A node exited with a configuration error's code before the attempt made any progress (no
+    heartbeat, no committed checkpoint). Decided on codes and progress, never on log text; a
+    script that reports no steps at all counts as before its first step until it ends."""
+    no_progress = attempt.last_heartbeat_at is None and attempt.checkpoint_step is None
+    return no_progress and any(code in MISCONFIGURED_EXIT_CODES for code in crashed.values())
+
+
+def _config_error(attempt: Attempt, crashed: dict[str, int]) -> str:
+    line = f": {attempt.error_line}" if attempt.error_line else ""
+    return f"configuration error before the first step ({_codes(crashed)}){line}"
 
 
 def _codes(crashed: dict[str, int]) -> str:
@@ -112,6 +134,8 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
     if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED:
         # An attempt already being reclaimed that then crashes or vanishes is still a reclaim.
         return interruption_moves(job, already_counted=state is JobState.INTERRUPTED)
+    if verdict is Verdict.MISCONFIGURED:
+        return Move(((JobState.FAILED, Reason.CONFIG_ERROR),), relaunch=False, counts_crash=True)
     if verdict is Verdict.CRASHED:
         if job.crashes + 1 >= spec.max_attempts:
             return Move(((JobState.FAILED, Reason.CRASHED_TOO_OFTEN),), relaunch=False, counts_crash=True)

@@ -34,6 +34,8 @@ MAX_ATTEMPTS_KEPT = 4
 MAX_TRIES_KEPT = 12
 """Refused rungs kept per attempt: the newest, which say why the latest walk found nothing."""
 MAX_PROBLEMS_KEPT = 20
+COMPLETED_END_REASON = "succeeded"
+"""The `end_reason` of an attempt whose nodes all exited 0 (`fate.Verdict.SUCCEEDED`)."""
 
 
 def cap_detail(text: str) -> str:
@@ -86,6 +88,8 @@ class Attempt(_Frozen):
     resume_from_step: int | None = None
     checkpoint_step: int | None = None
     """Newest checkpoint this attempt committed."""
+    checkpoint_at: datetime | None = None
+    """When `checkpoint_step` was recorded: the attempt's work up to then is kept, the rest is redone."""
     ended_at: datetime | None = None
     end_reason: str | None = None
     tries: tuple[LaunchTry, ...] = ()
@@ -97,6 +101,9 @@ class Attempt(_Frozen):
     """When a spot warning (or a preempted exit) marked this attempt as being reclaimed."""
     exit_codes: dict[str, int] = Field(default_factory=dict)
     """Container exit code per instance id, as each node reported it (`Job Exited`)."""
+    error_line: Detail = ""
+    """The message of the attempt's first failed exit report (say, the trainer's configuration
+    error), capped: what `gpujobs status` shows of why the attempt failed."""
     gone: tuple[str, ...] = ()
     """Instances seen stopping, stopped, shutting down or terminated."""
     gone_at: datetime | None = None
@@ -114,6 +121,15 @@ class Attempt(_Frozen):
     @property
     def all_reported(self) -> bool:
         return bool(self.instance_ids) and set(self.instance_ids) <= set(self.exit_codes)
+
+    @property
+    def useful_instance_seconds(self) -> float:
+        """Instance-seconds whose work was kept: up to the end of an attempt that completed the job,
+        else up to its newest committed checkpoint (work after it is redone by the next attempt)."""
+        kept_until = self.ended_at if self.end_reason == COMPLETED_END_REASON else self.checkpoint_at
+        if not self.instance_ids or kept_until is None:
+            return 0.0
+        return max(0.0, (kept_until - self.started_at).total_seconds()) * len(self.instance_ids)
 
     @property
     def pool(self) -> tuple[str, str, Market] | None:
@@ -149,6 +165,8 @@ class PoolUsage(_Frozen):
     zone: str | None
     market: Market
     instance_seconds: float
+    useful_instance_seconds: float = 0.0
+    """The part of `instance_seconds` whose work was kept (`Attempt.useful_instance_seconds`)."""
 
 
 class RetiredAttempts(_Frozen):
@@ -169,13 +187,26 @@ class RetiredAttempts(_Frozen):
         market = attempt.market or Market.ON_DEMAND
         pool = (attempt.instance_type or "", attempt.zone, market)
         usage = list(self.usage)
-        spent = held * len(attempt.instance_ids)
+        spent, useful = held * len(attempt.instance_ids), attempt.useful_instance_seconds
         for index, known in enumerate(usage):
             if (known.instance_type, known.zone, known.market) == pool:
-                usage[index] = known.model_copy(update={"instance_seconds": known.instance_seconds + spent})
+                usage[index] = known.model_copy(
+                    update={
+                        "instance_seconds": known.instance_seconds + spent,
+                        "useful_instance_seconds": known.useful_instance_seconds + useful,
+                    }
+                )
                 break
         else:
-            usage.append(PoolUsage(instance_type=pool[0], zone=pool[1], market=market, instance_seconds=spent))
+            usage.append(
+                PoolUsage(
+                    instance_type=pool[0],
+                    zone=pool[1],
+                    market=market,
+                    instance_seconds=spent,
+                    useful_instance_seconds=useful,
+                )
+            )
         return RetiredAttempts(
             count=self.count + 1,
             runtime_seconds=self.runtime_seconds + held,

@@ -53,6 +53,8 @@ class ExitReport(_Report):
     exit_code: int
     instance_id: str | None = None
     node_rank: int | None = None
+    message: str = ""
+    """Why the node exited, in words: shown to users, never acted on, so outside the signature."""
 
 
 Report = CheckpointReport | HeartbeatReport | ExitReport

@@ -38,6 +38,7 @@ from pydantic import (
 from gpujobs.contract import SECRET_NAME_PREFIX
 from gpujobs.domain import documents
 from gpujobs.domain.credentials import credential_kind
+from gpujobs.domain.spec_hints import argv_form, unknown_type
 
 MAX_SPEC_BYTES = 256 * 1024
 """A spec must fit in one SQS message, also in the JSON form the jobs table stores."""
@@ -291,6 +292,32 @@ class JobSpec(BaseModel):
                 raise ValueError(f"{', '.join(refused)} not in this stack's allow-list ({', '.join(sorted(allowed))})")
         return types
 
+    @field_validator("instance_types")
+    @classmethod
+    def _known_types(cls, types: list[str], info: ValidationInfo) -> list[str]:
+        """Offline knowledge of the types (`instance_gpus` in the context: type -> GPUs per instance)."""
+        gpus: Mapping[str, int] | None = (info.context or {}).get("instance_gpus")
+        if gpus is None:
+            return types
+        bad = [unknown_type(t, gpus) for t in types if t not in gpus]
+        wanted = info.data.get("gpus_per_node")
+        short = [f"{t} has {gpus[t]}" for t in types if t in gpus and isinstance(wanted, int) and gpus[t] < wanted]
+        if short:
+            bad.append(f"gpus_per_node is {wanted}, but {', '.join(short)}")
+        if bad:
+            raise ValueError("; ".join(bad))
+        return types
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_is_argv(cls, command: object) -> object:
+        if isinstance(command, str):
+            raise ValueError(
+                "must be a list of arguments (argv), never a string run through a shell; "
+                f"write it as command: {argv_form(command)}"
+            )
+        return command
+
     @field_validator("max_cost_usd")
     @classmethod
     def _priced_types(cls, cap: float | None, info: ValidationInfo) -> float | None:
@@ -397,16 +424,20 @@ def validate_spec(
     *,
     allowed_instance_types: Iterable[str] | None = None,
     priced_instance_types: Iterable[str] | None = None,
+    instance_gpus: Mapping[str, int] | None = None,
     local_code: bool = False,
 ) -> JobSpec:
-    """Validate a parsed document against the spec and, when given, the stack's allow-list and the
-    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced).
+    """Validate a parsed document against the spec and, when given, the stack's allow-list, the
+    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced)
+    and the GPUs of each known type (an unknown type, or fewer GPUs than `gpus_per_node`, is refused).
     `local_code`: `code` may name a local folder (a file `gpujobs submit` packs), not only S3."""
     context: dict[str, object] = {"local_code": local_code}
     if allowed_instance_types is not None:
         context["allowed_instance_types"] = frozenset(allowed_instance_types)
     if priced_instance_types is not None:
         context["priced_instance_types"] = frozenset(priced_instance_types)
+    if instance_gpus is not None:
+        context["instance_gpus"] = dict(instance_gpus)
     try:
         spec = JobSpec.model_validate(data, context=context)
     except ValidationError as exc:
@@ -418,9 +449,18 @@ def validate_spec(
 
 
 def load_spec(
-    text: str | bytes, *, allowed_instance_types: Iterable[str] | None = None, local_code: bool = False
+    text: str | bytes,
+    *,
+    allowed_instance_types: Iterable[str] | None = None,
+    instance_gpus: Mapping[str, int] | None = None,
+    local_code: bool = False,
 ) -> JobSpec:
-    return validate_spec(parse_document(text), allowed_instance_types=allowed_instance_types, local_code=local_code)
+    return validate_spec(
+        parse_document(text),
+        allowed_instance_types=allowed_instance_types,
+        instance_gpus=instance_gpus,
+        local_code=local_code,
+    )
 
 
 def json_schema() -> dict[str, Any]:

@@ -56,6 +56,7 @@ class Reason(StrEnum):
     COMPLETED = "completed"
     CRASHED_RETRYING = "crashed-retrying"
     CRASHED_TOO_OFTEN = "crashed-too-often"
+    CONFIG_ERROR = "config-error"
     INSTANCE_LOST = "instance-lost"
     INTERRUPTED_TOO_OFTEN = "interrupted-too-often"
     USER_CANCELLED = "user-cancelled"
@@ -95,6 +96,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, Q, Reason.INSTANCE_LOST, "on-demand instances vanished without a report; relaunch"),
     Transition(R, JobState.FAILED, Reason.INSTANCE_LOST, "instances vanished without a report once too often"),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
+    Transition(
+        R, JobState.FAILED, Reason.CONFIG_ERROR, "a configuration error before the first step; a retry fails alike"
+    ),
     Transition(INT, L, Reason.REPLACEMENT_LAUNCHING, "the replacement attempt is being launched"),
     Transition(INT, JobState.SUCCEEDED, Reason.COMPLETED, "the reclaimed attempt finished before any replacement"),
     Transition(INT, Q, Reason.NO_CAPACITY, "no pool had capacity for the replacement; retry later"),

@@ -34,7 +34,7 @@ OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
 """A file the workload creates in that folder to ask for an upload now."""
 OUTPUT_UPLOAD_TAKEN_FILE = OUTPUT_UNSENT_PREFIX + "uploading"
 """The request, renamed while its upload runs and removed once the upload is done."""
-EXIT_BOOTSTRAP_FAILED = 127
+EXIT_BOOTSTRAP_FAILED = 125
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 
 RENDEZVOUS_STATES = ("pending", "running")

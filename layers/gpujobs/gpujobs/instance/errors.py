@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class BootstrapError(Exception):
-    """The instance cannot run the job; reported with exit code 127 and this message."""
+    """The instance cannot run the job; reported with exit code 125 and this message."""
 
 
 class StoppedError(Exception):

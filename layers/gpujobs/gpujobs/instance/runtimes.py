@@ -57,6 +57,8 @@ class Runtime:
         self._relay: threading.Thread | None = None
         self.shipper: LogShipper | None = None
         """Where the workload's output also goes, for runtimes that ship it themselves (`send_output_to`)."""
+        self.unstarted = 0
+        """127/126 when the command was not found / not executable (no `proc`), as docker or a shell says."""
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
         """Nothing to fetch by default."""
@@ -75,6 +77,8 @@ class Runtime:
         raise NotImplementedError
 
     def wait(self) -> int:
+        if self.unstarted:
+            return self.unstarted
         assert self.proc is not None
         code = self.proc.wait()
         if self._relay is not None:
@@ -82,7 +86,12 @@ class Runtime:
         return 128 - code if code < 0 else code  # killed by signal N -> 128+N, as a shell reports it
 
     def _popen(self, argv: list[str], env: dict[str, str], **options: Any) -> None:
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, **options)
+        try:
+            self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, **options)
+        except (FileNotFoundError, PermissionError) as exc:  # the workload's exit, as docker or a shell reports it
+            self.unstarted = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.last_line = f"{argv[0]}: {exc.strerror}"
+            return
         self._relay = threading.Thread(target=self._pass_stderr, args=(self.proc.stderr,), daemon=True)
         self._relay.start()
 
@@ -142,8 +151,7 @@ class ProcessRuntime(Runtime):
         argv = [*self.engine, doc["image"]] if self.engine else self.entrypoint
         output = subprocess.PIPE if self.shipper else None  # None: the bootstrap's own stdout
         self._popen([*argv, *doc["command"]], full, start_new_session=True, stdout=output)
-        if self.shipper is not None:
-            assert self.proc is not None
+        if self.shipper is not None and self.proc is not None:
             assert self.proc.stdout is not None
             copy = {"echo": sys.stdout.buffer, "shipper": self.shipper}
             self._pump = threading.Thread(target=pump, args=(self.proc.stdout,), kwargs=copy, daemon=True)

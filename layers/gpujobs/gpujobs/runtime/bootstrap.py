@@ -28,6 +28,7 @@ from gpujobs.adapters.secrets import SecretsClient, StackSecretReportKeys
 from gpujobs.adapters.teams import SsmTeamConfig
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.runtime.settings import Need, Settings
+from gpujobs.service.changes import WriteCounter
 from gpujobs.service.jobs import JobService, LaunchConfig
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class StoredBootstrapUserData:
 def build_job_service(settings: Settings) -> JobService:
     # Imported here, not at the top: the handlers configure Powertools (observability) from their own
     # environment when they are imported; wiring must not create its logger and metrics earlier.
-    from gpujobs.runtime.observability import count_record_too_large
+    from gpujobs.runtime.observability import EmfMetrics, count_record_too_large
 
     blobs = S3BlobStore(client=client("s3", settings), bucket=settings.checkpoint_bucket)
     return JobService(
@@ -136,6 +137,7 @@ def build_job_service(settings: Settings) -> JobService:
         teams=SsmTeamConfig(client=client("ssm", settings), parameter_name=settings.teams_parameter)
         if settings.teams_parameter
         else None,
+        written=WriteCounter(EmfMetrics(), packaged_on_demand_prices()),
     )
 
 

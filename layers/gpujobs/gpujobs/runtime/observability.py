@@ -12,10 +12,16 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+from gpujobs.domain.job_metrics import TEAM_COST
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from gpujobs.domain.job_metrics import JobMetric
     from gpujobs.service.ports import JobRecordTooLargeError
     from gpujobs.service.reactions import Reaction
 
@@ -77,3 +83,32 @@ def count_record_too_large(error: JobRecordTooLargeError) -> None:
     """The store refused a job's record for its size: say so loudly, once per refused write."""
     logger.error("job record too large", extra={"job_id": error.job_id, "size": error.size, "limit": error.limit})
     metrics.add_metric(name=RECORD_TOO_LARGE_METRIC, unit=MetricUnit.Count, value=1)
+
+
+class EmfMetrics:
+    """`service.ports.MetricsRecorder`: each metric with its own dimensions, written at once as an
+    EMF line (`single_metric`), since the handler's `metrics` object has one set of dimensions per
+    flush. Cost metrics are in US dollars (unit None), the rest are counts. `single_metric` does not
+    read POWERTOOLS_METRICS_DISABLED (the local cloud sets it), so this does."""
+
+    def record(self, metrics: Sequence[JobMetric]) -> None:
+        if is_metrics_disabled():
+            return
+        for metric in metrics:
+            unit = MetricUnit.NoUnit if metric.name == TEAM_COST else MetricUnit.Count
+            with single_metric(name=metric.name, unit=unit, value=metric.value) as one:
+                for name, value in metric.dimensions:
+                    one.add_dimension(name=name, value=value)
+
+
+JOBS_IN_STATE_METRIC = "JobsInState"
+
+
+def count_jobs_by_state(counts: Mapping[str, int], states: Sequence[str]) -> None:
+    """The reconciler's gauge: how many active jobs each state holds now (zeros included, so a
+    graph falls to 0 rather than stopping)."""
+    if is_metrics_disabled():
+        return
+    for state in states:
+        with single_metric(name=JOBS_IN_STATE_METRIC, unit=MetricUnit.Count, value=counts.get(state, 0)) as one:
+            one.add_dimension(name="State", value=state)

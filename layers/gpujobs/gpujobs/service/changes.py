@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpujobs.domain.effects import (
@@ -29,6 +29,7 @@ from gpujobs.domain.effects import (
     TerminateJobInstances,
 )
 from gpujobs.domain.job import Job
+from gpujobs.domain.job_metrics import metrics_of_change
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
     Compute,
@@ -36,6 +37,7 @@ from gpujobs.service.ports import (
     EventPublisher,
     IdleAlarms,
     JobStore,
+    MetricsRecorder,
     Signaller,
     StateChanged,
 )
@@ -73,8 +75,10 @@ def change(
     *,
     backoff: Backoff,
     publisher: EventPublisher,
+    written: Callable[[Job, Job], None] | None = None,
 ) -> Applied:
-    """Decide on the stored job and write the decision, retrying lost races; publish what changed."""
+    """Decide on the stored job and write the decision, retrying lost races; publish what changed,
+    then tell `written` (before, after): it counts what the write stands for, and never fails it."""
     for lost in range(backoff.tries):
         before = store.get(job_id)
         decision = decide(before)
@@ -87,8 +91,27 @@ def change(
                 backoff.pause(lost)
             continue
         publish_changes(publisher, before, after)
+        if written is not None:
+            try:
+                written(before, after)
+            except Exception:
+                log.exception("could not count the write of %s", job_id)
         return Applied(before, after, decision)
     raise ConcurrentUpdateError(job_id, -1)
+
+
+@dataclass(frozen=True)
+class WriteCounter:
+    """`change()`'s `written`: counts the launches, refusals and costs a write stands for
+    (`domain.job_metrics`), priced at `hourly_usd` (instance type -> USD per hour)."""
+
+    recorder: MetricsRecorder
+    hourly_usd: Mapping[str, float]
+
+    def __call__(self, before: Job, after: Job) -> None:
+        found = metrics_of_change(before, after, hourly_usd=self.hourly_usd)
+        if found:
+            self.recorder.record(found)
 
 
 @dataclass

@@ -112,6 +112,7 @@ class JobService:
     """Who may act for which team; None: no team configuration (single-tenant, see domain.teams)."""
     jitter: Callable[[], float] = field(default=random.random)
     backoff: Backoff = field(default_factory=Backoff)
+    written: Callable[[Job, Job], None] | None = None  # counts what each write stands for (changes.WriteCounter)
 
     @functools.cached_property
     def team_directory(self) -> TeamDirectory:
@@ -121,7 +122,7 @@ class JobService:
     # ---- the one way to change a job ----------------------------------------------------------
     def change(self, job_id: str, decide: Callable[[Job], Decision]) -> Applied:
         """Load, decide, write conditionally (retrying lost races) and publish; act with `act()`."""
-        return change(self.store, job_id, decide, backoff=self.backoff, publisher=self.publisher)
+        return change(self.store, job_id, decide, backoff=self.backoff, publisher=self.publisher, written=self.written)
 
     def act(self, applied: Applied, *, signaller: Signaller | None = None) -> Job:
         """Carry out the decision's effects; a due launch comes last and its result is returned."""

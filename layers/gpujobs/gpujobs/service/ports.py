@@ -13,6 +13,7 @@ from typing import Protocol
 
 from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job_metrics import JobMetric
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import TeamDirectory
 
@@ -67,7 +68,8 @@ class JobStore(Protocol):
 
     def find_by_instance(self, instance_id: str) -> Job | None: ...
 
-    def list_by_state(self, state: JobState, *, limit: int = 100) -> list[Job]: ...
+    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
+        """Newest first, from the ByState index; only `team`'s jobs when given."""
 
 
 # ---- compute ------------------------------------------------------------------------------
@@ -236,6 +238,11 @@ class Prices(Protocol):
     @property
     def on_demand_table(self) -> Mapping[str, float]:
         """Instance type -> on-demand USD per hour, for every type with a known price."""
+
+
+class MetricsRecorder(Protocol):
+    def record(self, metrics: Sequence[JobMetric]) -> None:
+        """Emit metrics with their dimensions (`domain.job_metrics`)."""
 
 
 class ReportKeys(Protocol):

@@ -96,13 +96,26 @@ class Reactions:
         return self._react(job_id, lambda job, now: decisions.on_heartbeat(job, attempt=attempt, step=step, now=now))
 
     def job_exited(
-        self, *, job_id: str, attempt: int, exit_code: int, instance_id: str | None = None, node_rank: int | None = None
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        exit_code: int,
+        instance_id: str | None = None,
+        node_rank: int | None = None,
+        message: str = "",
     ) -> Reaction:
-        """Record a node's exit code, then judge the attempt."""
+        """Record a node's exit code (and the message of a failed one), then judge the attempt."""
         return self._react(
             job_id,
             lambda job, now: decisions.on_exit(
-                job, attempt=attempt, exit_code=exit_code, instance_id=instance_id, node_rank=node_rank, now=now
+                job,
+                attempt=attempt,
+                exit_code=exit_code,
+                instance_id=instance_id,
+                node_rank=node_rank,
+                now=now,
+                message=message,
             ),
         )
 

@@ -67,6 +67,8 @@ class ReconcileReport:
     active_jobs: int = 0
     live_instances: int = 0
     repairs: Counter[str] = field(default_factory=Counter)
+    jobs_by_state: Counter[str] = field(default_factory=Counter)
+    """Active jobs per state, as this run read them: the dashboard's jobs-by-state gauge."""
 
     def count(self, what: str, n: int = 1) -> None:
         self.repairs[what] += n
@@ -94,6 +96,7 @@ class Reconciler:
         for inst in instances:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
+        report.jobs_by_state.update(job.state.value for job in active.values())
         try:
             self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
         except Exception:

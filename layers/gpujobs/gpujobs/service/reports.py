@@ -53,4 +53,5 @@ class Reports:
             exit_code=report.exit_code,
             instance_id=report.instance_id,
             node_rank=report.node_rank,
+            message=report.message,
         )
