@@ -20,7 +20,7 @@ from typing import Any
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.contract import outputs_prefix
-from gpujobs.domain.spec import printable
+from gpujobs.domain.spec_errors import printable
 from gpujobs.service.ports import JobNotFoundError
 from gpujobs_cli.commands import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, CommandError
 from gpujobs_cli.render import table, when

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpujobs.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, job_log_stream
 from gpujobs.domain.job import Attempt, Job
-from gpujobs.domain.spec import printable
+from gpujobs.domain.spec_errors import printable
 from gpujobs.domain.states import JobState, Reason
 
 TAIL_LINES = 10

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpujobs.domain.deadline import Slack, slack_of
 from gpujobs.domain.job import Job
-from gpujobs.domain.spec import printable
+from gpujobs.domain.spec_errors import printable
 from gpujobs_cli.spend import Spend, dollars
 
 DETAIL_WIDTH = 48

@@ -18,7 +18,8 @@ from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint, Terminate
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument
-from gpujobs.domain.spec import CheckpointMode, SpecError, validate_spec
+from gpujobs.domain.spec import CheckpointMode, validate_spec
+from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.instance.rundoc import FIELDS
 

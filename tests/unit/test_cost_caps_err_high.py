@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gpujobs.domain.cost import UnpricedError, price_erring_high
-from gpujobs.domain.spec import SpecError, validate_spec
+from gpujobs.domain.spec import validate_spec
+from gpujobs.domain.spec_errors import SpecError
 
 KNOWN = {"g5.xlarge": 1.006, "g5.2xlarge": 1.212, "p4d.24xlarge": 21.96, "p5.4xlarge": 6.88, "p5e.48xlarge": 70.0}
 

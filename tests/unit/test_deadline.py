@@ -21,7 +21,8 @@ from gpujobs.domain.deadline import (
 from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint
 from gpujobs.domain.job import Attempt, Job, Market, StopRequest
 from gpujobs.domain.ladder import SubnetZone, next_try_at, plan_ladder
-from gpujobs.domain.spec import SpecError, load_spec
+from gpujobs.domain.spec import load_spec
+from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState, Reason
 
 SUBMITTED = datetime(2026, 3, 1, tzinfo=UTC)

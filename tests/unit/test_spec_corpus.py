@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpujobs.domain.spec import MAX_PROBLEM_CHARS, MAX_PROBLEMS, MAX_SPEC_BYTES, JobSpec, SpecError, load_spec
+from gpujobs.domain.spec import MAX_SPEC_BYTES, JobSpec, load_spec
+from gpujobs.domain.spec_errors import MAX_PROBLEM_CHARS, MAX_PROBLEMS, SpecError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpujobs.domain.spec import SpecError, validate_spec
+from gpujobs.domain.spec import validate_spec
+from gpujobs.domain.spec_errors import SpecError
 
 HF_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:gpujobs/vision/hf-AbC123"
 

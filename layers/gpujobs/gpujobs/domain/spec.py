@@ -38,14 +38,11 @@ from pydantic import (
 from gpujobs.contract import SECRET_NAME_PREFIX
 from gpujobs.domain import documents
 from gpujobs.domain.credentials import credential_kind
+from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.spec_hints import argv_form, unknown_type
 
 MAX_SPEC_BYTES = 256 * 1024
 """A spec must fit in one SQS message, also in the JSON form the jobs table stores."""
-MAX_PROBLEMS = 20
-"""Problems listed for one spec; the rest are counted ("and N more")."""
-MAX_PROBLEM_CHARS = 300
-
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 TEAM_PATTERN = r"^[a-z0-9-]{1,63}$"
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
@@ -54,7 +51,6 @@ RESERVED_ENV_PREFIXES = ("AWS_", "GPUJOBS_", "DOCKER_", "LD_")
 loader does before the training code starts (DOCKER_*, LD_PRELOAD and friends)."""
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 and C1 controls and DEL; tab and newline are allowed in command arguments and env values."""
-_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # registry/repo[:tag][@sha256:digest]; lowercase repository path components as Docker requires.
 IMAGE_PATTERN = (
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
@@ -347,34 +343,6 @@ _PATTERN_RULES = {
     INSTANCE_TYPE_PATTERN: "an EC2 instance type such as g5.xlarge",
     SHA256_PATTERN: "a SHA-256 in lowercase hex (64 characters)",
 }
-
-
-class SpecError(Exception):
-    """A submission that is not a valid job spec. `problems` are one line each, naming the field."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = bounded(problems)
-        super().__init__("; ".join(self.problems))
-
-
-def bounded(problems: list[str]) -> list[str]:
-    """At most MAX_PROBLEMS lines of at most MAX_PROBLEM_CHARS each, then a count of the rest."""
-    lines = [_one_line(p) for p in problems[:MAX_PROBLEMS]]
-    if len(problems) > MAX_PROBLEMS:
-        lines.append(f"(spec): and {len(problems) - MAX_PROBLEMS} more problems")
-    return lines
-
-
-def printable(text: str) -> str:
-    """`text` with every control character (tab and newline too) spelled out as `\\xNN`: safe to
-    show on one line of a terminal, whoever wrote it."""
-    return _ANY_CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", text)
-
-
-def _one_line(problem: str) -> str:
-    """`problem` printable (it names fields the submitter chose), cut short."""
-    shown = printable(problem)
-    return shown if len(shown) <= MAX_PROBLEM_CHARS else shown[: MAX_PROBLEM_CHARS - 3] + "..."
 
 
 def _field_path(loc: Iterable[int | str]) -> str:

@@ -34,7 +34,8 @@ from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
 from gpujobs.domain.launching import LAUNCH_LEASE, Gang, cancel, claim_launch, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer, run_document
-from gpujobs.domain.spec import JobSpec, SpecError, parse_document, validate_spec
+from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
+from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.changes import Actuator, Applied, Backoff, change, publish_changes, wants_launch
