@@ -69,13 +69,13 @@ class SeededSamples(Dataset[_T_co], Generic[_T_co]):
         return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets have a length
 
     def __getitem__(self, index: int) -> _T_co:
-        words = sample_seed(self.seed, self.epoch, index)
+        torch_seed, python_seed, numpy_seed = sample_seeds(self.seed, self.epoch, index)
         python_state = random.getstate()
         numpy_state = np.random.get_state()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(words)
-            random.seed(words)
-            np.random.seed([words & 0xFFFFFFFF, words >> 32])
+            torch.manual_seed(torch_seed)
+            random.seed(python_seed)
+            np.random.seed([numpy_seed & 0xFFFFFFFF, numpy_seed >> 32])
             try:
                 return self.dataset[index]
             finally:
@@ -83,10 +83,13 @@ class SeededSamples(Dataset[_T_co], Generic[_T_co]):
                 np.random.set_state(numpy_state)
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A 64-bit seed that differs for every (seed, epoch, index), the same in every process."""
-    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+def sample_seeds(seed: int, epoch: int, index: int) -> tuple[int, int, int]:
+    """Three 64-bit seeds (torch, Python, numpy) for every (seed, epoch, index), the same in every
+    process. Each RNG gets its own: Python's and numpy's Mersenne Twisters seeded alike would draw
+    the same numbers, and a flip decided by one would follow a scale drawn by the other."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}".encode(), digest_size=24).digest()
+    torch_seed, python_seed, numpy_seed = (int.from_bytes(digest[i : i + 8], "little") for i in (0, 8, 16))
+    return torch_seed, python_seed, numpy_seed
 
 
 class _IgnoreSigterm:

@@ -104,8 +104,14 @@ def _check(name: str, target: Any) -> None:
     if not isinstance(name, str) or not name or "." in name:
         raise ConfigError(f"init(state=...): {name!r} is not a usable name (a non-empty string without dots)")
     if not isinstance(target, StatefulObject):
+        hint = (
+            " (use torchdata's StatefulDataLoader, a drop-in DataLoader that has)"
+            if isinstance(target, DataLoader)
+            else ""
+        )
         raise ConfigError(
             f"init(state=...): {name!r} is a {type(target).__name__}, which has no state_dict()/load_state_dict()"
+            + hint
         )
 
 
