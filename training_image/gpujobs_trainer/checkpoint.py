@@ -64,7 +64,14 @@ from gpujobs_trainer.layout import (
 )
 from gpujobs_trainer.rng import capture_rng_states, restore_rng_states
 from gpujobs_trainer.safe_load import SafeLoadPlanner, SafeReader, load_metadata
-from gpujobs_trainer.state_io import WRITER_THREADS, ShardWriter, TrainingState, optimizer_owned, snapshot_mutables
+from gpujobs_trainer.state_io import (
+    EXTRAS_KEY,
+    WRITER_THREADS,
+    ShardWriter,
+    TrainingState,
+    optimizer_owned,
+    snapshot_mutables,
+)
 from gpujobs_trainer.storage import CheckpointStore, S3Store, local_sizes, write_durably
 
 __all__ = ["CheckpointManager", "SaveResult", "TrainingState"]
@@ -320,20 +327,17 @@ class CheckpointManager:
                 continue
             folder = self.store.staging_dir(step)
             same_ranks = marker.world_size == self.env.world_size
+            planner = SafeLoadPlanner()
             try:
                 template = {"app": self.state.load_template(per_rank=same_ranks)}
-                dcp_load(
-                    template,
-                    storage_reader=SafeReader(folder),
-                    planner=SafeLoadPlanner(),
-                    process_group=self._group,
-                )
+                dcp_load(template, storage_reader=SafeReader(folder), planner=planner, process_group=self._group)
                 self.state.load_state_dict(template["app"])
                 self._restore_rng(marker, folder)
             except (Exception, CheckpointException) as exc:
                 raise CheckpointError(
                     f"checkpoint {self.store.step_uri(step)} is committed but corrupt: {_summary(exc)}"
                 ) from exc
+            _warn_unloaded_extras(planner.unloaded, rank=self.env.rank)
             self.last_committed_step = step
             self.last_commit = marker
             return marker
@@ -408,6 +412,18 @@ class CheckpointManager:
         reports: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(reports, mine, group=self._group)
         return next((r for r in reports if r), "")
+
+
+def _warn_unloaded_extras(keys: tuple[str, ...], *, rank: int) -> None:
+    """Saved values of ``init(state=...)`` objects whose fresh ``state_dict()`` lacks their keys
+    (keys that appear as training runs): DCP does not load them, so the resume is not exact."""
+    lost = [key for key in keys if key.startswith(f"app.{EXTRAS_KEY}.")]
+    if lost and rank == 0:
+        log.warning(
+            "checkpoint values not restored, because the state_dict() of the object given to "
+            "init(state=...) has no such keys before training (give it a fixed key set): %s",
+            ", ".join(lost[:10]) + (" ..." if len(lost) > 10 else ""),
+        )
 
 
 def _summary(exc: BaseException) -> str:

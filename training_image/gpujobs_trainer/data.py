@@ -73,7 +73,7 @@ class SeededSamples(Dataset[_T_co], Generic[_T_co]):
         python_state = random.getstate()
         numpy_state = np.random.get_state()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(torch_seed)
+            torch.default_generator.manual_seed(torch_seed)  # CPU only: CUDA streams are training's
             random.seed(python_seed)
             np.random.seed([numpy_seed & 0xFFFFFFFF, numpy_seed >> 32])
             try:

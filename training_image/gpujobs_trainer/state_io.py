@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from gpujobs_trainer.extra_state import ExtraState
 
 
+EXTRAS_KEY = "extras"  # the script's shared state in TrainingState's dict (app.extras.<name>...)
+PER_RANK_KEY = "per_rank"  # each rank's own (app.per_rank.rank<NNNNN>.<name>)
+
+
 class TrainingState(Stateful):
     """Model, optimizer, LR scheduler and the script's extra state as one DCP Stateful
     (FQN-normalised by get_state_dict)."""
@@ -61,7 +65,7 @@ class TrainingState(Stateful):
         """What a save writes."""
         state = self._common()
         if self.extras is not None and self.extras.per_rank:
-            state["per_rank"] = self.extras.per_rank_state()
+            state[PER_RANK_KEY] = self.extras.per_rank_state()
         return state
 
     def load_template(self, *, per_rank: bool) -> dict[str, Any]:
@@ -69,7 +73,7 @@ class TrainingState(Stateful):
         state when ``per_rank`` is False (the checkpoint has none for it)."""
         state = self._common()
         if per_rank and self.extras is not None and self.extras.per_rank:
-            state["per_rank"] = self.extras.per_rank_template()
+            state[PER_RANK_KEY] = self.extras.per_rank_template()
         return state
 
     def _common(self) -> dict[str, Any]:
@@ -78,7 +82,7 @@ class TrainingState(Stateful):
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         if self.extras is not None and self.extras.shared:
-            state["extras"] = self.extras.shared_state()
+            state[EXTRAS_KEY] = self.extras.shared_state()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -91,10 +95,10 @@ class TrainingState(Stateful):
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict["scheduler"])
         if self.extras is not None:
-            if "extras" in state_dict:
-                self.extras.load_shared(state_dict["extras"])
-            if "per_rank" in state_dict:
-                self.extras.load_per_rank(state_dict["per_rank"])
+            if EXTRAS_KEY in state_dict:
+                self.extras.load_shared(state_dict[EXTRAS_KEY])
+            if PER_RANK_KEY in state_dict:
+                self.extras.load_per_rank(state_dict[PER_RANK_KEY])
 
 
 # Several writer threads per rank (one file each) so that serialising one shard overlaps with
