@@ -244,8 +244,9 @@ def init(
 
     ``model`` is the (DDP-wrapped) module being trained; ``samples_per_step`` (global batch) only
     feeds the heartbeat. ``state`` names further objects to checkpoint with the model (a
-    GradScaler, an EMA, a StatefulDataLoader, ...; see `extra_state`). A bad environment or checkpoint location exits with code 78 here,
-    naming the problem, before any training step runs.
+    GradScaler, an EMA, a StatefulDataLoader, ...; see `extra_state`). A bad environment,
+    checkpoint location or ``state`` entry exits with code 78 here, naming the problem, before
+    any training step runs.
     """
     _configure_logging()
     rank = int(os.environ.get("RANK", "0") or 0)
