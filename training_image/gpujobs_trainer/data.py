@@ -106,10 +106,11 @@ class _IgnoreSigterm:
         self.inner = inner
 
     def __call__(self, worker_id: int) -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # inherited by later threads
-        threading.Thread(
-            target=_exit_on_sigterm_from, args=(os.getppid(),), name="gpujobs-worker-sigterm", daemon=True
-        ).start()
+        if hasattr(signal, "sigwaitinfo"):  # Linux, where training runs; not macOS
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # inherited by later threads
+            threading.Thread(
+                target=_exit_on_sigterm_from, args=(os.getppid(),), name="gpujobs-worker-sigterm", daemon=True
+            ).start()
         if self.inner is not None:
             self.inner(worker_id)
 
