@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from gpujobs_trainer.buffers import take_buffers_from_rank0
 from gpujobs_trainer.distributed import DistEnv
 from gpujobs_trainer.errors import CheckpointError
 from gpujobs_trainer.layout import (
@@ -63,7 +64,14 @@ from gpujobs_trainer.layout import (
 )
 from gpujobs_trainer.rng import capture_rng_states, restore_rng_states
 from gpujobs_trainer.safe_load import SafeLoadPlanner, SafeReader, load_metadata
-from gpujobs_trainer.state_io import WRITER_THREADS, ShardWriter, TrainingState, optimizer_owned, snapshot_mutables
+from gpujobs_trainer.state_io import (
+    EXTRAS_KEY,
+    WRITER_THREADS,
+    ShardWriter,
+    TrainingState,
+    optimizer_owned,
+    snapshot_mutables,
+)
 from gpujobs_trainer.storage import CheckpointStore, S3Store, local_sizes, write_durably
 
 __all__ = ["CheckpointManager", "SaveResult", "TrainingState"]
@@ -158,10 +166,12 @@ class CheckpointManager:
         rng_file = rng_file_name(self.env.rank)
         writer.digests[rng_file] = write_durably(folder / rng_file, json.dumps(capture_rng_states()))
         pending = _Save(step, reason, position, started, writer.digests)
+        state = self.state.state_dict()
+        take_buffers_from_rank0(self.state.model, state["model"], group=self._group)
         if blocking:
             future: Future[SaveResult] = Future()
             try:
-                dcp_save({"app": self.state}, storage_writer=writer, process_group=self._group)
+                dcp_save({"app": state}, storage_writer=writer, process_group=self._group)
                 error = None
             except (Exception, CheckpointException) as exc:  # reported below, collectively
                 error = exc
@@ -170,7 +180,7 @@ class CheckpointManager:
         if self.env.device.type == "cuda":
             # the staging stream must not read parameters that queued kernels still update
             torch.cuda.current_stream(self.env.device).synchronize()
-        payload = {"app": snapshot_mutables(self.state.state_dict(), optimizer_owned(self.state.optimizer))}
+        payload = {"app": snapshot_mutables(state, optimizer_owned(self.state.optimizer))}
         response = dcp_async_save(payload, storage_writer=writer, process_group=self._group, async_stager=self._stager)
         if isinstance(response, AsyncSaveResponse):
             self._staged, upload = response.staging_completion, response.upload_completion
@@ -316,18 +326,18 @@ class CheckpointManager:
                 log.warning("skipping checkpoint step %d: %s", step, problem)
                 continue
             folder = self.store.staging_dir(step)
+            same_ranks = marker.world_size == self.env.world_size
+            planner = SafeLoadPlanner()
             try:
-                dcp_load(
-                    {"app": self.state},
-                    storage_reader=SafeReader(folder),
-                    planner=SafeLoadPlanner(),
-                    process_group=self._group,
-                )
+                template = {"app": self.state.load_template(per_rank=same_ranks)}
+                dcp_load(template, storage_reader=SafeReader(folder), planner=planner, process_group=self._group)
+                self.state.load_state_dict(template["app"])
                 self._restore_rng(marker, folder)
             except (Exception, CheckpointException) as exc:
                 raise CheckpointError(
                     f"checkpoint {self.store.step_uri(step)} is committed but corrupt: {_summary(exc)}"
                 ) from exc
+            _warn_unloaded_extras(planner.unloaded, rank=self.env.rank)
             self.last_committed_step = step
             self.last_commit = marker
             return marker
@@ -369,7 +379,7 @@ class CheckpointManager:
         path = folder / rng_file_name(self.env.rank)
         if marker.world_size != self.env.world_size or not path.is_file():
             log.warning(
-                "checkpoint step %d was saved by %d ranks, now %d: RNG states not restored",
+                "checkpoint step %d was saved by %d ranks, now %d: RNG states and per-rank state not restored",
                 marker.step,
                 marker.world_size,
                 self.env.world_size,
@@ -402,6 +412,18 @@ class CheckpointManager:
         reports: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(reports, mine, group=self._group)
         return next((r for r in reports if r), "")
+
+
+def _warn_unloaded_extras(keys: tuple[str, ...], *, rank: int) -> None:
+    """Saved values of ``init(state=...)`` objects whose fresh ``state_dict()`` lacks their keys
+    (keys that appear as training runs): DCP does not load them, so the resume is not exact."""
+    lost = [key for key in keys if key.startswith(f"app.{EXTRAS_KEY}.")]
+    if lost and rank == 0:
+        log.warning(
+            "checkpoint values not restored, because the state_dict() of the object given to "
+            "init(state=...) has no such keys before training (give it a fixed key set): %s",
+            ", ".join(lost[:10]) + (" ..." if len(lost) > 10 else ""),
+        )
 
 
 def _summary(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePath
@@ -33,6 +33,7 @@ from gpujobs_trainer.errors import (
     TrainerError,
 )
 from gpujobs_trainer.events import CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, NullPublisher, Publisher, make_publisher
+from gpujobs_trainer.extra_state import ExtraState
 from gpujobs_trainer.interruption import ImdsClient, ImdsWatcher, StopFlags, install_signal_handlers
 from gpujobs_trainer.layout import CommitMarker, Reason
 from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
@@ -66,6 +67,7 @@ class Run:
         env: DistEnv,
         samples_per_step: int | None,
         publisher: Publisher,
+        extras: ExtraState | None = None,
     ) -> None:
         self.config = config
         self.env = env
@@ -77,7 +79,7 @@ class Run:
         self.checkpoints = CheckpointManager(
             store=store,
             env=env,
-            state=TrainingState(model, optimizer, scheduler),
+            state=TrainingState(model, optimizer, scheduler, extras),
             keep=config.keep_checkpoints,
             job_id=config.job_id,
             attempt=config.attempt,
@@ -260,12 +262,15 @@ def init(
     scheduler: Any | None = None,
     samples_per_step: int | None = None,
     config: TrainerConfig | None = None,
+    state: Mapping[str, Any] | None = None,
 ) -> Run:
     """Set up distributed training, checkpointing, interruption handling and reporting.
 
     ``model`` is the (DDP-wrapped) module being trained; ``samples_per_step`` (global batch) only
-    feeds the heartbeat. A bad environment or checkpoint location exits with code 78 here,
-    naming the problem, before any training step runs.
+    feeds the heartbeat. ``state`` names further objects to checkpoint with the model (a
+    GradScaler, an EMA, a StatefulDataLoader, ...; see `extra_state`). A bad environment,
+    checkpoint location or ``state`` entry exits with code 78 here, naming the problem, before
+    any training step runs.
     """
     _configure_logging()
     rank = int(os.environ.get("RANK", "0") or 0)
@@ -282,6 +287,7 @@ def init(
             env=env,
             samples_per_step=samples_per_step,
             publisher=publisher,
+            extras=ExtraState(state or {}, rank=env.rank),
         )
     except TrainerError as exc:
         _fatal(exc, rank=rank, outcome_dir=outcome_dir)

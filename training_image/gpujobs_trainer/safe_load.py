@@ -146,7 +146,19 @@ class SafeReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, loading non-tensor values with torch's weights-only unpickler."""
+    """DCP's default load planner, loading non-tensor values with torch's weights-only unpickler.
+
+    ``unloaded`` lists the checkpoint's keys that the state loaded into has no place for (DCP
+    skips them without a word)."""
+
+    unloaded: tuple[str, ...] = ()
+
+    def set_up_planner(
+        self, state_dict: dict[str, Any], metadata: dcp_metadata.Metadata | None = None, is_coordinator: bool = False
+    ) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        if metadata is not None:
+            self.unloaded = tuple(sorted(set(metadata.state_dict_metadata) - set(self.state_dict)))
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:

@@ -2,7 +2,10 @@
 
 - `TrainingState` is the one DCP `Stateful` of a run: model and optimizer through
   ``get_state_dict``/``set_state_dict`` (an in-place ``dcp.load`` into a fresh optimizer's
-  ``state_dict()`` silently drops Adam's moments), and the LR scheduler.
+  ``state_dict()`` silently drops Adam's moments), the LR scheduler, and the script's own state
+  (``init(state=...)``, `extra_state`): shared under ``extras``, this rank's under ``per_rank``.
+  Those two keys are there only when the script gives such state, so checkpoints of runs without
+  it keep their layout.
 - `ShardWriter` is DCP's FileSystemWriter with torch.save's per-record CRC32 switched off while it
   writes (torch.load never checks it; it cost ~0.7 s per GB on one core) and a SHA-256 of every
   file it writes computed on the way to disk (no second read; hashlib releases the GIL, so the
@@ -35,20 +38,51 @@ from torch.futures import Future as TorchFuture
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
+    from gpujobs_trainer.extra_state import ExtraState
+
+
+EXTRAS_KEY = "extras"  # the script's shared state in TrainingState's dict (app.extras.<name>...)
+PER_RANK_KEY = "per_rank"  # each rank's own (app.per_rank.rank<NNNNN>.<name>)
+
 
 class TrainingState(Stateful):
-    """Model, optimizer and LR scheduler as one DCP Stateful (FQN-normalised by get_state_dict)."""
+    """Model, optimizer, LR scheduler and the script's extra state as one DCP Stateful
+    (FQN-normalised by get_state_dict)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any | None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any | None,
+        extras: ExtraState | None = None,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.extras = extras
 
     def state_dict(self) -> dict[str, Any]:
+        """What a save writes."""
+        state = self._common()
+        if self.extras is not None and self.extras.per_rank:
+            state[PER_RANK_KEY] = self.extras.per_rank_state()
+        return state
+
+    def load_template(self, *, per_rank: bool) -> dict[str, Any]:
+        """What a restore loads into, then hands to `load_state_dict`; without this rank's own
+        state when ``per_rank`` is False (the checkpoint has none for it)."""
+        state = self._common()
+        if per_rank and self.extras is not None and self.extras.per_rank:
+            state[PER_RANK_KEY] = self.extras.per_rank_template()
+        return state
+
+    def _common(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
+        if self.extras is not None and self.extras.shared:
+            state[EXTRAS_KEY] = self.extras.shared_state()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -60,6 +94,11 @@ class TrainingState(Stateful):
         )
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict["scheduler"])
+        if self.extras is not None:
+            if EXTRAS_KEY in state_dict:
+                self.extras.load_shared(state_dict[EXTRAS_KEY])
+            if PER_RANK_KEY in state_dict:
+                self.extras.load_per_rank(state_dict[PER_RANK_KEY])
 
 
 # Several writer threads per rank (one file each) so that serialising one shard overlaps with
@@ -180,10 +219,10 @@ def optimizer_owned(optimizer: torch.optim.Optimizer) -> set[int]:
     """Storages that only ``optimizer.step()`` changes: parameters and optimizer state."""
     tensors = [p for group in optimizer.param_groups for p in group["params"]]
     tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
-    return {t.untyped_storage().data_ptr() for t in tensors if _plain(t) and t.numel() > 0}
+    return {t.untyped_storage().data_ptr() for t in tensors if is_plain_tensor(t) and t.numel() > 0}
 
 
-def _plain(tensor: torch.Tensor) -> bool:
+def is_plain_tensor(tensor: Any) -> bool:
     """A dense tensor or parameter (not a DTensor or other subclass with its own storage rules)."""
     return type(tensor) in (torch.Tensor, nn.Parameter) and tensor.layout == torch.strided
 
@@ -193,7 +232,7 @@ def snapshot_mutables(obj: Any, owned: set[int]) -> Any:
     background, before the next optimizer step) and copies everything else now (module buffers that
     the next forward changes, scheduler and optimizer hyper-parameters)."""
     if isinstance(obj, torch.Tensor):
-        if _plain(obj) and obj.numel() > 0 and obj.untyped_storage().data_ptr() in owned:
+        if is_plain_tensor(obj) and obj.numel() > 0 and obj.untyped_storage().data_ptr() in owned:
             return obj
         return obj.detach().clone()
     if isinstance(obj, Mapping):
