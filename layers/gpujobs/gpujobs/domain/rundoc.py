@@ -54,6 +54,9 @@ class RunDocument(BaseModel):
     """Session tags (job id, team, attempt): the role's own policy is written against them."""
     secrets: dict[str, str] = Field(default_factory=dict)
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
+    trainer_env: dict[str, str] = Field(default_factory=dict)
+    """The spec's `trainer:` settings that differ from the trainer's defaults, as the `GPUJOBS_*`
+    variables the trainer reads (`gpujobs.domain.trainer_settings.trainer_environment`)."""
 
 
 class RunDocumentPointer(BaseModel):

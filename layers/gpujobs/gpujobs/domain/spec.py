@@ -38,6 +38,7 @@ from pydantic import (
 from gpujobs.contract import SECRET_NAME_PREFIX
 from gpujobs.domain import documents
 from gpujobs.domain.credentials import credential_kind
+from gpujobs.domain.trainer_settings import TrainerSettings
 
 MAX_SPEC_BYTES = 256 * 1024
 """A spec must fit in one SQS message, also in the JSON form the jobs table stores."""
@@ -147,6 +148,10 @@ class JobSpec(BaseModel):
     max_cost_usd: StrictNumber | None = Field(default=None, gt=0)
     checkpoint_every_minutes: StrictInt = Field(default=30, ge=1, le=1440)
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
+    trainer: TrainerSettings = Field(
+        default_factory=TrainerSettings,
+        description="settings of the trainer runtime (gpujobs_trainer) and of its hang check",
+    )
     team: Team = "default"
     client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)
     secrets: dict[str, Annotated[str, StringConstraints(max_length=2048)]] = Field(

@@ -1,7 +1,7 @@
 """The workload's environment: what the container (or local process) is told about its job.
 
-The spec's `env`, then the GPUJOBS_* variables the trainer reads (docs/instance.md lists them),
-which win on a name clash. The runtimes add nothing of the job's: this is the one place that
+The spec's `env`, then the spec's trainer settings and the other GPUJOBS_* variables the trainer
+reads (docs/instance.md lists them), which win on a name clash. The runtimes add nothing of the job's: this is the one place that
 decides what the workload sees.
 """
 
@@ -15,6 +15,7 @@ from gpujobs.instance.contract import REPORT_KEY_ENV
 def container_env(doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str) -> dict[str, str]:
     """The spec's env plus the GPUJOBS_* contract (which wins on a name clash)."""
     env = dict(doc["env"])
+    env.update(doc["trainer_env"])
     env.update(
         {
             "GPUJOBS_JOB_ID": doc["job_id"],
