@@ -145,10 +145,10 @@ class JobResult:
         return "\n".join(self.lines[-80:])
 
 
-def start_job(env: Mapping[str, str], *args: str) -> Job:
-    """``python -m gpujobs_trainer.launch -- python train.py ARGS`` in its own process group."""
+def start_job(env: Mapping[str, str], *args: str, script: Path = TRAIN_SCRIPT) -> Job:
+    """``python -m gpujobs_trainer.launch -- python SCRIPT ARGS`` in its own process group."""
     proc = subprocess.Popen(
-        [PYTHON, "-m", "gpujobs_trainer.launch", "--", PYTHON, str(TRAIN_SCRIPT), *args],
+        [PYTHON, "-m", "gpujobs_trainer.launch", "--", PYTHON, str(script), *args],
         env=dict(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -161,8 +161,8 @@ def start_job(env: Mapping[str, str], *args: str) -> Job:
     return job
 
 
-def run_job(env: Mapping[str, str], *args: str, timeout: float = JOB_TIMEOUT) -> JobResult:
-    return start_job(env, *args).finish(timeout)
+def run_job(env: Mapping[str, str], *args: str, timeout: float = JOB_TIMEOUT, script: Path = TRAIN_SCRIPT) -> JobResult:
+    return start_job(env, *args, script=script).finish(timeout)
 
 
 def commit_of(checkpoint_dir: Path, step: int) -> dict[str, Any]:
