@@ -6,7 +6,7 @@ whatever the script chose by initialising it first: a short timeout there would 
 fail, a legitimately long collective (NCCL's watchdog kills the process under torchrun).
 
 The trainer's own collectives (the step-boundary agreement and the final barrier) run on a separate
-gloo group with the job's collective timeout (`GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS`, the spec's
+gloo group and each waits at most the job's collective timeout (`GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS`, the spec's
 `trainer.collective_timeout_seconds`): a gloo timeout is an exception in the caller, so a rank
 whose peers never reach the step boundary fails within that time instead of waiting for torch's
 10 to 30 minutes, and the control plane restarts the job from its last checkpoint.
@@ -93,18 +93,25 @@ def autocast(device: torch.device) -> Iterator[None]:
         yield
 
 
-def control_group(timeout_seconds: float) -> dist.ProcessGroup:
-    """The trainer's own gloo group, whose collectives time out after ``timeout_seconds``.
+class ControlGroup:
+    """The trainer's own gloo group; each of its collectives gives up after ``timeout_seconds``.
 
-    Every rank creates it once, in the same order as its other groups (``new_group`` is collective).
-    A timed-out gloo group is dead; the exception it raises ends the attempt, as it should.
+    The group itself is created with torch's default timeout, because creating a gloo group waits
+    for every rank to connect: ranks that reach ``init`` minutes apart (one builds its model or
+    reads its data longer) must still join it. The job's timeout bounds each collective instead; a
+    gloo wait that times out raises in the caller, and the attempt ends. Every rank creates the
+    group once, in the same order as its other groups (``new_group`` is collective).
     """
-    group: dist.ProcessGroup = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_seconds))
-    return group
 
+    def __init__(self, timeout_seconds: float) -> None:
+        self.group = dist.new_group(backend="gloo")
+        self.timeout = timedelta(seconds=timeout_seconds)
 
-def all_reduce_max(values: list[int], *, group: dist.ProcessGroup) -> list[int]:
-    """Element-wise maximum of small integer flags over all ranks (one collective on ``group``)."""
-    tensor = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return [int(v) for v in tensor.tolist()]
+    def all_reduce_max(self, values: list[int]) -> list[int]:
+        """Element-wise maximum of small integer flags over all ranks (one collective)."""
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True).wait(timeout=self.timeout)
+        return [int(v) for v in tensor.tolist()]
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group, timeout=self.timeout)

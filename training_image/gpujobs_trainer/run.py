@@ -3,8 +3,8 @@
 ``step_done`` is the step boundary where everything happens: the local stop/checkpoint flags and
 rank 0's periodic timer are combined with one all_reduce(MAX), so every rank saves the same step
 and every rank stops at the same step. That all_reduce and the final barrier run on the trainer's
-own gloo group, whose timeout is the job's collective timeout; the script's collectives keep
-torch's default timeout (``distributed.control_group``). ``busy()`` marks a long phase between two
+own gloo group, each bounded by the job's collective timeout; the script's collectives keep
+torch's default timeout (``distributed.ControlGroup``). ``busy()`` marks a long phase between two
 step boundaries, so the control plane does not take it for a hang (``heartbeat``).
 """
 
@@ -25,13 +25,7 @@ from torch import nn
 
 from gpujobs_trainer.checkpoint import CheckpointManager
 from gpujobs_trainer.config import TrainerConfig
-from gpujobs_trainer.distributed import (
-    DistEnv,
-    all_reduce_max,
-    autocast,
-    control_group,
-    init_process_group_from_env,
-)
+from gpujobs_trainer.distributed import ControlGroup, DistEnv, autocast, init_process_group_from_env
 from gpujobs_trainer.errors import (
     CONFIG_ERROR_EXIT_CODE,
     CRASH_EXIT_CODE,
@@ -79,7 +73,7 @@ class Run:
         self.samples_per_step = samples_per_step
         self.flags = StopFlags()
         self.publisher = publisher
-        self._control = control_group(config.collective_timeout_seconds)
+        self._control = ControlGroup(config.collective_timeout_seconds)
         store = open_store(config.checkpoint_uri, local_dir=config.local_checkpoint_dir)
         store.check_reachable()
         self.checkpoints = CheckpointManager(
@@ -149,8 +143,8 @@ class Run:
         minutes = self.config.checkpoint_every_minutes
         periodic_due = int(self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60)
         every = self.config.checkpoint_every_steps
-        preempt, on_demand, periodic = all_reduce_max(
-            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due], group=self._control
+        preempt, on_demand, periodic = self._control.all_reduce_max(
+            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due]
         )
         if preempt:
             log.info("stopping at step %d: %s", step, self.flags.preempt_reason or "another rank was told to")
@@ -205,7 +199,7 @@ class Run:
             WorkerOutcome(rank=self.env.rank, exit_code=self.exit_code, reason=reason, step=self.step),
         )
         if dist.is_initialized():
-            dist.barrier(group=self._control)
+            self._control.barrier()
             dist.destroy_process_group()
         return self.exit_code
 
