@@ -19,7 +19,7 @@ import pytest
 
 import gpujobs_trainer
 from gpujobs import contract
-from gpujobs.domain.trainer_settings import LogLevel, TrainerSettings, trainer_environment
+from gpujobs.domain.trainer_settings import LogLevel, TrainerSettings
 from gpujobs.instance import contract as instance_contract
 from gpujobs.instance.workload_env import container_env
 from gpujobs_local.template import resources_of_type
@@ -88,17 +88,15 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "env": {"LR": "0.1"},
         "report_key": "00" * 32,
         # Every trainer setting differs from its default, so each travels as its variable.
-        "trainer_env": trainer_environment(
-            TrainerSettings(
-                collective_timeout_seconds=600,
-                checkpoint_every_steps=500,
-                keep_checkpoints=3,
-                async_checkpoints=False,
-                compile=True,
-                heartbeat_seconds=30,
-                log_level=LogLevel.DEBUG,
-            )
-        ),
+        "trainer_env": TrainerSettings(
+            collective_timeout_seconds=600,
+            checkpoint_every_steps=500,
+            keep_checkpoints=3,
+            async_checkpoints=False,
+            compile=True,
+            heartbeat_seconds=30,
+            log_level=LogLevel.DEBUG,
+        ).environment(),
     }
     env = container_env(doc, rank=1, master_addr="10.0.0.1", instance_id="i-0123456789abcdef0", region="us-east-1")
     assert sorted(k for k in env if k.startswith("GPUJOBS_")) == sorted(contract.WORKLOAD_ENV)

@@ -15,7 +15,7 @@ import pytest
 from gpujobs.contract import TRAINER_SETTING_VARIABLES
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.domain.spec import SpecError, validate_spec
-from gpujobs.domain.trainer_settings import TrainerSettings, trainer_environment
+from gpujobs.domain.trainer_settings import TrainerSettings
 from gpujobs.instance.rundoc import check_document
 from gpujobs.instance.workload_env import container_env
 from gpujobs_trainer.config import TrainerConfig
@@ -48,7 +48,7 @@ def environment_of(trainer: dict[str, Any]) -> dict[str, str]:
         image=spec.image,
         command=list(spec.command),
         checkpoint_uri="s3://bucket/jobs/j-0123456789abcdef/ckpt",
-        trainer_env=trainer_environment(spec.trainer),
+        trainer_env=spec.trainer.environment(),
     )
     checked = check_document(doc.model_dump(mode="json"))
     return container_env(checked, rank=0, master_addr="10.0.0.1", instance_id="i-0123456789abcdef0", region="r")
@@ -58,7 +58,7 @@ def test_a_spec_without_the_section_trains_exactly_as_before() -> None:
     spec = validate_spec(BASE)
 
     assert spec.trainer == TrainerSettings()
-    assert trainer_environment(spec.trainer) == {}
+    assert spec.trainer.environment() == {}
     assert not set(environment_of({})) & set(TRAINER_SETTING_VARIABLES.values())
 
 

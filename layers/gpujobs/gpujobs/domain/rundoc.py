@@ -56,7 +56,7 @@ class RunDocument(BaseModel):
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
     trainer_env: dict[str, str] = Field(default_factory=dict)
     """The spec's `trainer:` settings that differ from the trainer's defaults, as the `GPUJOBS_*`
-    variables the trainer reads (`gpujobs.domain.trainer_settings.trainer_environment`)."""
+    variables the trainer reads (`gpujobs.domain.trainer_settings.TrainerSettings.environment`)."""
 
 
 class RunDocumentPointer(BaseModel):

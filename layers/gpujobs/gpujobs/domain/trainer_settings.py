@@ -2,7 +2,7 @@
 
 Before this section these settings were only reachable through `GPUJOBS_*` variables, which the
 spec refuses in `env` (gpujobs sets them). Now a job names them here; the launcher renders them
-into the run document as variables (`trainer_environment`), the bootstrap passes them to the
+into the run document as variables (`TrainerSettings.environment`), the bootstrap passes them to the
 container beside the rest of its contract, and `gpujobs_trainer.config` reads them. Each default is
 the trainer's own default, so a spec without the section trains exactly as before.
 
@@ -76,13 +76,12 @@ class TrainerSettings(BaseModel):
     def heartbeat_overdue(self) -> timedelta:
         return timedelta(minutes=self.heartbeat_overdue_minutes)
 
-
-def trainer_environment(settings: TrainerSettings) -> dict[str, str]:
-    """The settings that differ from their defaults, as the trainer reads them: one `GPUJOBS_*`
-    variable each (booleans as 1/0). A default travels as no variable: the trainer's default is the
-    same (a test holds the two equal), and user data, which carries them, is short of room."""
-    values = settings.model_dump(include=set(TRAINER_SETTING_VARIABLES), exclude_defaults=True)
-    return {
-        TRAINER_SETTING_VARIABLES[field]: (str(int(value)) if isinstance(value, bool) else str(value))
-        for field, value in values.items()
-    }
+    def environment(self) -> dict[str, str]:
+        """The settings that differ from their defaults, as the trainer reads them: one `GPUJOBS_*`
+        variable each (booleans as 1/0). A default travels as no variable: the trainer's default is
+        the same (a test holds the two equal), and user data, which carries them, is short of room."""
+        values = self.model_dump(include=set(TRAINER_SETTING_VARIABLES), exclude_defaults=True)
+        return {
+            TRAINER_SETTING_VARIABLES[field]: (str(int(value)) if isinstance(value, bool) else str(value))
+            for field, value in values.items()
+        }

@@ -36,7 +36,6 @@ from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.domain.spec import JobSpec, SpecError, parse_document, validate_spec
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.domain.teams import TeamDirectory
-from gpujobs.domain.trainer_settings import trainer_environment
 from gpujobs.service.changes import Actuator, Applied, Backoff, change, publish_changes, wants_launch
 from gpujobs.service.ports import (
     BlobStore,
@@ -307,7 +306,7 @@ class JobService:
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
             report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
             secrets=dict(spec.secrets),
-            trainer_env=trainer_environment(spec.trainer),
+            trainer_env=spec.trainer.environment(),
             **self._job_access(job, attempt),
         )
         try:
