@@ -181,8 +181,11 @@ class Run:
         if self.exit_code is None or not self.preempted:
             code = SUCCESS_EXIT_CODE
             try:
-                self.checkpoints.wait()
-                result = self.checkpoints.save(step=self.step, reason="final", position=self.position, blocking=True)
+                with self.busy("final checkpoint"):
+                    self.checkpoints.wait()
+                    result = self.checkpoints.save(
+                        step=self.step, reason="final", position=self.position, blocking=True
+                    )
                 if not result.result().committed:
                     code = CRASH_EXIT_CODE
             except Exception as exc:
