@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml layers/gpujobs/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned in pyproject (2.13.0, the CPU wheel); an unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/pip install --quiet -e '.[dev,train]'
+	$(BIN)/pip install --quiet -e '.[dev,train,frameworks]'
 	touch $@
 
 demo: setup

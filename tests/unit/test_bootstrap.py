@@ -251,7 +251,7 @@ def test_a_workload_that_cannot_start_is_reported_with_the_line_that_says_why(
     says_why = 'print("starting", file=sys.stderr); print("exec: \\"trian.sh\\": not found", file=sys.stderr)'
     command = [sys.executable, "-c", f"import sys; {says_why}; sys.exit(127)"]
     user_data = tmp_path / "user-data"
-    user_data.write_bytes(render_user_data(a_document(tmp_path, bus, command=command)))
+    user_data.write_bytes(render_user_data(a_document(tmp_path, bus, command=command), bucket=BUCKET, region=REGION))
     with FakeImds(user_data=b"", instance_id=INSTANCE_ID) as imds:
         code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--user-data", str(user_data), "--no-shutdown")
 

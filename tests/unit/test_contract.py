@@ -19,6 +19,7 @@ import pytest
 
 import gpujobs_trainer
 from gpujobs import contract
+from gpujobs.domain.trainer_settings import LogLevel, TrainerSettings
 from gpujobs.instance import contract as instance_contract
 from gpujobs.instance.workload_env import container_env
 from gpujobs_local.template import resources_of_type
@@ -91,6 +92,16 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "checkpoint_mode": "directory",
         "code_uri": "s3://bucket/jobs/j-0123456789abcdef/code/0.tar.gz",
         "code_sha256": "0" * 64,
+        # Every trainer setting differs from its default, so each travels as its variable.
+        "trainer_env": TrainerSettings(
+            collective_timeout_seconds=600,
+            checkpoint_every_steps=500,
+            keep_checkpoints=3,
+            async_checkpoints=False,
+            compile=True,
+            heartbeat_seconds=30,
+            log_level=LogLevel.DEBUG,
+        ).environment(),
     }
     env = container_env(
         doc,

@@ -2,7 +2,10 @@
 
 Everything the runtime needs is read once, here, into a frozen dataclass; no other module reads
 ``os.environ`` for ``GPUJOBS_*`` settings, so the full contract is visible in one place and is
-documented in ``docs/training.md``.
+documented in ``docs/training.md``. A job sets the tunable ones in its spec's ``trainer:`` section
+(collective timeout, checkpoint every N steps, checkpoints kept, async saves, compile, heartbeat
+period, log level); the bootstrap passes those that differ from the defaults below, so each
+default here is also the spec's (a test holds the two equal).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class TrainerConfig:
     imds_endpoint: str  # AWS_EC2_METADATA_SERVICE_ENDPOINT (default http://169.254.169.254)
     imds_poll_seconds: float  # GPUJOBS_IMDS_POLL_SECONDS (default 5)
     imds_mode: str  # GPUJOBS_IMDS: auto (default) | required | off
-    collective_timeout_seconds: float  # GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS (default 120)
+    collective_timeout_seconds: float  # GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS (default 120): the trainer's own group
     compile: bool  # GPUJOBS_COMPILE (default 0)
     outcome_dir: str  # GPUJOBS_OUTCOME_DIR (set by the launcher; empty = no outcome files)
     output_dir: str = DEFAULT_OUTPUT_DIR  # GPUJOBS_OUTPUT_DIR (set by the bootstrap; uploaded to outputs/<job-id>/)
@@ -74,10 +77,15 @@ class TrainerConfig:
             imds_poll_seconds=_number(source, "GPUJOBS_IMDS_POLL_SECONDS", 5.0),
             imds_mode=imds_mode,
             collective_timeout_seconds=_number(source, "GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS", 120.0),
-            compile=_flag(source, "GPUJOBS_COMPILE", default=False),
+            compile=compile_requested(source),
             outcome_dir=source.get("GPUJOBS_OUTCOME_DIR", ""),
             output_dir=source.get(OUTPUT_DIR_ENV, "") or DEFAULT_OUTPUT_DIR,
         )
+
+
+def compile_requested(env: Mapping[str, str] | None = None) -> bool:
+    """GPUJOBS_COMPILE: whether ``prepare_model`` compiles the model (read before ``init``)."""
+    return _flag(os.environ if env is None else env, "GPUJOBS_COMPILE", default=False)
 
 
 def _number(source: Mapping[str, str], name: str, default: float) -> float:

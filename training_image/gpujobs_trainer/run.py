@@ -2,7 +2,10 @@
 
 ``step_done`` is the step boundary where everything happens: the local stop/checkpoint flags and
 rank 0's periodic timer are combined with one all_reduce(MAX), so every rank saves the same step
-and every rank stops at the same step.
+and every rank stops at the same step. That all_reduce and the final barrier run on the trainer's
+own gloo group, each bounded by the job's collective timeout; the script's collectives keep
+torch's default timeout (``distributed.ControlGroup``). ``busy()`` marks a long phase between two
+step boundaries, so the control plane does not take it for a hang (``heartbeat``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path, PurePath
 from typing import Any, NoReturn
 
@@ -24,7 +26,7 @@ from torch import nn
 
 from gpujobs_trainer.checkpoint import CheckpointManager
 from gpujobs_trainer.config import TrainerConfig
-from gpujobs_trainer.distributed import DistEnv, all_reduce_max, autocast, init_process_group_from_env
+from gpujobs_trainer.distributed import ControlGroup, DistEnv, autocast, init_process_group_from_env
 from gpujobs_trainer.errors import (
     CONFIG_ERROR_EXIT_CODE,
     CRASH_EXIT_CODE,
@@ -32,8 +34,9 @@ from gpujobs_trainer.errors import (
     SUCCESS_EXIT_CODE,
     TrainerError,
 )
-from gpujobs_trainer.events import CHECKPOINT_COMMITTED, TRAINING_HEARTBEAT, NullPublisher, Publisher, make_publisher
+from gpujobs_trainer.events import CHECKPOINT_COMMITTED, NullPublisher, Publisher, make_publisher
 from gpujobs_trainer.extra_state import ExtraState
+from gpujobs_trainer.heartbeat import Heartbeat
 from gpujobs_trainer.interruption import ImdsClient, ImdsWatcher, StopFlags, install_signal_handlers
 from gpujobs_trainer.layout import CommitMarker, Reason
 from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
@@ -74,6 +77,7 @@ class Run:
         self.samples_per_step = samples_per_step
         self.flags = StopFlags()
         self.publisher = publisher
+        self._control = ControlGroup(config.collective_timeout_seconds)
         store = open_store(config.checkpoint_uri, local_dir=config.local_checkpoint_dir)
         store.check_reachable()
         self.checkpoints = CheckpointManager(
@@ -99,9 +103,15 @@ class Run:
         self.position: dict[str, int] = {"epoch": 0, "offset": 0}
         self.preempted = False
         self.exit_code: int | None = None
-        now = time.monotonic()
-        self._last_periodic = now
-        self._heartbeat_at = (now, 0)
+        self._last_periodic = time.monotonic()
+        self.heartbeat = Heartbeat(
+            publisher=publisher,
+            job_id=config.job_id,
+            attempt=config.attempt,
+            interval=config.heartbeat_seconds,
+            samples_per_step=samples_per_step,
+            enabled=env.is_main and not isinstance(publisher, NullPublisher),
+        )
 
     # ---- the calls a training script makes --------------------------------------------------
     def resume(self) -> ResumePoint:
@@ -115,7 +125,7 @@ class Run:
             return ResumePoint(step=0)
         self.step = marker.step
         self.position = dict(marker.position)
-        self._heartbeat_at = (time.monotonic(), marker.step)
+        self.heartbeat.restart_at(marker.step)
         uri = self.checkpoints.store.step_uri(marker.step)
         log.info("resumed from %s (step %d, saved %s)", uri, marker.step, marker.reason)
         return ResumePoint(
@@ -137,8 +147,8 @@ class Run:
         minutes = self.config.checkpoint_every_minutes
         periodic_due = int(self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60)
         every = self.config.checkpoint_every_steps
-        preempt, on_demand, periodic = all_reduce_max(
-            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due], self.env.device
+        preempt, on_demand, periodic = self._control.all_reduce_max(
+            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due]
         )
         if preempt:
             log.info("stopping at step %d: %s", step, self.flags.preempt_reason or "another rank was told to")
@@ -150,8 +160,15 @@ class Run:
             self._save("on-demand")
         elif periodic or (every > 0 and step % every == 0):
             self._save("periodic")
-        self._maybe_heartbeat(now)
+        self.heartbeat.after_step(step)
         return False
+
+    def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
+        """Mark a long phase between two step boundaries (an evaluation, a blocking save, a
+        compile): rank 0 keeps reporting heartbeats while it runs, so the control plane does not
+        take the job for hung. Call it on any rank; only rank 0 reports. ``what`` labels the
+        heartbeats. Wrap a phase that ends, never the training loop (see ``heartbeat``)."""
+        return self.heartbeat.busy(what)
 
     def checkpoint_now(self) -> None:
         """Ask for an on-demand checkpoint at the next step boundary (same as SIGUSR1)."""
@@ -190,8 +207,11 @@ class Run:
         if self.exit_code is None or not self.preempted:
             code = SUCCESS_EXIT_CODE
             try:
-                self.checkpoints.wait()
-                result = self.checkpoints.save(step=self.step, reason="final", position=self.position, blocking=True)
+                with self.busy("final checkpoint"):
+                    self.checkpoints.wait()
+                    result = self.checkpoints.save(
+                        step=self.step, reason="final", position=self.position, blocking=True
+                    )
                 if not result.result().committed:
                     code = CRASH_EXIT_CODE
             except Exception as exc:
@@ -208,39 +228,16 @@ class Run:
             WorkerOutcome(rank=self.env.rank, exit_code=self.exit_code, reason=reason, step=self.step),
         )
         if dist.is_initialized():
-            dist.barrier()
+            self._control.barrier()
             dist.destroy_process_group()
         return self.exit_code
 
     # ---- internals --------------------------------------------------------------------------
     def _save(self, reason: Reason) -> None:
         self._last_periodic = time.monotonic()
-        self.checkpoints.save(
-            step=self.step, reason=reason, position=self.position, blocking=not self.config.async_checkpoints
-        )
-
-    def _maybe_heartbeat(self, now: float) -> None:
-        if not self.env.is_main or isinstance(self.publisher, NullPublisher):
-            return
-        since, step_then = self._heartbeat_at
-        elapsed = now - since
-        if elapsed < self.config.heartbeat_seconds or elapsed <= 0:
-            return
-        steps_per_second = (self.step - step_then) / elapsed
-        self._heartbeat_at = (now, self.step)
-        self.publisher.publish(
-            TRAINING_HEARTBEAT,
-            {
-                "job_id": self.config.job_id,
-                "attempt": self.config.attempt,
-                "step": self.step,
-                "steps_per_second": round(steps_per_second, 3),
-                "samples_per_second": (
-                    round(steps_per_second * self.samples_per_step, 3) if self.samples_per_step else None
-                ),
-                "time": datetime.now(UTC).isoformat(timespec="seconds"),
-            },
-        )
+        blocking = not self.config.async_checkpoints
+        with self.busy("checkpoint") if blocking else contextlib.nullcontext():
+            self.checkpoints.save(step=self.step, reason=reason, position=self.position, blocking=blocking)
 
     def _report_commit(self, marker: CommitMarker, uri: str) -> None:
         self.publisher.publish(
@@ -277,7 +274,7 @@ def init(
     outcome_dir = os.environ.get("GPUJOBS_OUTCOME_DIR", "")
     try:
         config = config or TrainerConfig.from_env()
-        env = init_process_group_from_env(timeout_seconds=config.collective_timeout_seconds)
+        env = init_process_group_from_env()
         publisher = make_publisher(config.event_bus) if env.is_main else NullPublisher()
         return Run(
             model=model,

@@ -84,7 +84,7 @@ UP_STATES = ("pending", "running")
 """Up or coming up: what a gang's rendezvous counts, and what an ended attempt must not have."""
 
 # ---- the workload's environment and checkpoints ----------------------------------------------
-WORKLOAD_ENV = (
+WORKLOAD_ENV: tuple[str, ...] = (
     "GPUJOBS_JOB_ID",
     "GPUJOBS_ATTEMPT",
     "GPUJOBS_NNODES",
@@ -104,6 +104,18 @@ WORKLOAD_ENV = (
     "GPUJOBS_CODE_SHA256",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
+TRAINER_SETTING_VARIABLES = {
+    "collective_timeout_seconds": "GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS",
+    "checkpoint_every_steps": "GPUJOBS_CHECKPOINT_EVERY_STEPS",
+    "keep_checkpoints": "GPUJOBS_KEEP_CHECKPOINTS",
+    "async_checkpoints": "GPUJOBS_ASYNC_CHECKPOINTS",
+    "compile": "GPUJOBS_COMPILE",
+    "heartbeat_seconds": "GPUJOBS_HEARTBEAT_SECONDS",
+    "log_level": "GPUJOBS_LOG_LEVEL",
+}
+"""Setting of the spec's `trainer:` section -> the variable that carries it to the trainer (which
+reads it in `gpujobs_trainer.config`). The bootstrap passes them on with the rest of WORKLOAD_ENV."""
+WORKLOAD_ENV += tuple(TRAINER_SETTING_VARIABLES.values())
 CHECKPOINT_COMMIT_FILE = "COMMIT.json"
 """Written last into a checkpoint's folder: a folder without it is a save that was cut short."""
 LAST_COMMIT_REASONS = ("preempted", "final")

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         run.export(model)  # every rank takes part; rank 0 writes $GPUJOBS_OUTPUT_DIR/model.safetensors
     if env.is_main and not run.preempted:
         net.eval()
-        with torch.no_grad():
+        with run.busy("eval"), torch.no_grad():  # a long evaluation is not taken for a hang
             predictions = net(x_test.to(env.device)).argmax(dim=1).cpu()
         accuracy = float((predictions == y_test).float().mean())
         emit({"event": "final", "step": step, "accuracy": round(accuracy, 4), "resumed_from": start.step})

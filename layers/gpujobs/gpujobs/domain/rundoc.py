@@ -70,6 +70,9 @@ class RunDocument(BaseModel):
     """The spec's `code` archive (s3://...), unpacked by the launcher into the working directory."""
     code_sha256: str = ""
     """Its hex SHA-256 when known: the launcher refuses an archive with any other digest."""
+    trainer_env: dict[str, str] = Field(default_factory=dict)
+    """The spec's `trainer:` settings that differ from the trainer's defaults, as the `GPUJOBS_*`
+    variables the trainer reads (`gpujobs.domain.trainer_settings.TrainerSettings.environment`)."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -148,5 +151,6 @@ def run_document(
         checkpoint_mode=spec.checkpoint.value,
         code_uri=spec.code or "",
         code_sha256=spec.code_sha256 or "",
+        trainer_env=spec.trainer.environment(),
         **access,
     )

@@ -40,6 +40,7 @@ from gpujobs.domain import documents
 from gpujobs.domain.credentials import credential_kind
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.spec_hints import argv_form, unknown_type
+from gpujobs.domain.trainer_settings import TrainerSettings
 
 MAX_SPEC_BYTES = 256 * 1024
 """A spec must fit in one SQS message, also in the JSON form the jobs table stores."""
@@ -202,6 +203,10 @@ class JobSpec(BaseModel):
     )
     deadline: Deadline | None = Field(
         default=None, description="finish within hours of submission: spot while the slack allows, else on-demand"
+    )
+    trainer: TrainerSettings = Field(
+        default_factory=TrainerSettings,
+        description="settings of the trainer runtime (gpujobs_trainer) and of its hang check",
     )
     team: Team = "default"
     client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)

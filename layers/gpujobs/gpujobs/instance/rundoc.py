@@ -48,6 +48,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "checkpoint_mode": (str, "gpujobs"),
     "code_uri": (str, ""),
     "code_sha256": (str, ""),
+    "trainer_env": (dict, {}),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -99,7 +100,7 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError(f"run document version {doc['version']} is not supported")
     if not doc["command"] or not all(isinstance(a, str) for a in doc["command"]):
         raise BootstrapError("command must be a non-empty list of strings")
-    for key, value in {**doc["env"], **doc["secrets"]}.items():
+    for key, value in {**doc["env"], **doc["secrets"], **doc["trainer_env"]}.items():
         if not _ENV_NAME.match(key) or key.startswith("DOCKER_") or not isinstance(value, str):
             raise BootstrapError(f"env name {key!r} is not allowed or its value is not a string")
     if set(doc["env"]) & set(doc["secrets"]) or (doc["secrets"] and not doc["job_role_arn"]):

@@ -1,7 +1,7 @@
 """The workload's environment: what the container (or local process) is told about its job.
 
-The spec's `env`, then the GPUJOBS_* variables the trainer reads (docs/instance.md lists them),
-which win on a name clash. The runtimes add nothing of the job's: this is the one place that
+The spec's `env`, then the spec's trainer settings and the other GPUJOBS_* variables the trainer
+reads (docs/instance.md lists them), which win on a name clash. The runtimes add nothing of the job's: this is the one place that
 decides what the workload sees.
 """
 
@@ -19,6 +19,7 @@ def container_env(
 
     `output_dir` is the output folder as the workload sees it (the runtime's `outputs_folder`)."""
     env = dict(doc["env"])
+    env.update(doc["trainer_env"])
     env.update(
         {
             "GPUJOBS_JOB_ID": doc["job_id"],

@@ -46,6 +46,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_ear
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
 from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, live_instances
 from gpujobs.domain.gangs import overdue_survivors
+from gpujobs.domain.hangs import hung_instances
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
@@ -56,7 +57,6 @@ log = logging.getLogger(__name__)
 
 ORPHAN_GRACE = timedelta(minutes=10)
 """An instance younger than this may belong to a launch whose record is being written."""
-HEARTBEAT_OVERDUE = timedelta(minutes=15)
 MAX_ACTIVE_JOBS = 5000
 LAUNCH_WORK_RESERVE = timedelta(seconds=30)
 """Launch work starts only while this much of the run is left: one ladder walk fits in it."""
@@ -252,16 +252,13 @@ class Reconciler:
                 report.count("reclaimed survivors terminated", len(survivors))
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
-        """A trainer that reported heartbeats and then went silent is hung: replace its gang."""
-        attempt = job.current_attempt
-        if job.state is not JobState.RUNNING or attempt is None or attempt.is_over:
-            return
-        if attempt.last_heartbeat_at is None or now - attempt.last_heartbeat_at < HEARTBEAT_OVERDUE:
-            return
-        live = [i for i in attempt.instance_ids if i not in attempt.gone]
+        """A trainer that reported heartbeats and then went silent for longer than its job allows
+        is hung (`domain.hangs`): replace its gang."""
+        live = hung_instances(job, now=now)
         if live:
-            log.warning("%s: no heartbeat since %s; terminating %s", job.job_id, attempt.last_heartbeat_at, live)
-            self.reactions.jobs.compute.terminate(live)
+            limit = job.require_spec().trainer.heartbeat_overdue
+            log.warning("%s: no heartbeat for over %s; terminating %s", job.job_id, limit, live)
+            self.reactions.jobs.compute.terminate(list(live))
             report.count("hung attempts terminated")
 
     def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:

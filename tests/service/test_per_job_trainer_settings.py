@@ -1,0 +1,50 @@
+"""A job's `trainer:` settings travel to its instances, and its hang limit is its own."""
+
+from __future__ import annotations
+
+import json
+
+from gpujobs.domain.job import Job
+from gpujobs.domain.states import JobState
+from tests.service.conftest import World, spec
+
+
+def running(world: World, **overrides: object) -> Job:
+    job = world.submit(spec(**overrides)).job
+    assert job.state is JobState.RUNNING
+    return job
+
+
+def test_the_run_document_carries_the_settings_the_job_changed(world: World) -> None:
+    running(world, trainer={"collective_timeout_seconds": 900, "compile": True, "heartbeat_overdue_minutes": 60})
+
+    document = json.loads(world.compute.calls[0].user_data)
+    assert document["trainer_env"] == {"GPUJOBS_COLLECTIVE_TIMEOUT_SECONDS": "900", "GPUJOBS_COMPILE": "1"}
+
+
+def test_a_job_with_a_longer_overdue_limit_is_not_taken_for_hung_before_it(world: World) -> None:
+    job = running(world, trainer={"heartbeat_overdue_minutes": 45})
+    (iid,) = world.store.get(job.job_id).instance_ids
+    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+
+    world.clock.advance(minutes=16)  # past the default limit of 15 minutes
+    assert world.reconciler.run().repairs["hung attempts terminated"] == 0
+    world.clock.advance(minutes=30)
+    report = world.reconciler.run()
+
+    assert report.repairs["hung attempts terminated"] == 1
+    assert iid in world.compute.terminated
+
+
+def test_heartbeats_at_the_same_step_keep_a_long_evaluation_alive(world: World) -> None:
+    job = running(world)
+    (iid,) = world.store.get(job.job_id).instance_ids
+    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+
+    for _ in range(4):  # 40 minutes inside run.busy(): the keep-alive repeats step 10
+        world.clock.advance(minutes=10)
+        world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+        world.reconciler.run()
+
+    assert iid not in world.compute.terminated
+    assert world.store.get(job.job_id).state is JobState.RUNNING
