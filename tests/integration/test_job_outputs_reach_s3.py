@@ -241,7 +241,7 @@ def test_the_bootstrap_uploads_on_request_and_when_the_workload_fails(tmp_path: 
         region="us-east-1",
         outputs_uri=URI,
     )
-    with FakeImds(user_data=render_user_data(doc)) as imds:
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region="us-east-1")) as imds:
         env = {**aws, "PATH": os.environ["PATH"], "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint}
         done = subprocess.run(
             [sys.executable, bootstrap.__file__, "--runtime", "process", "--no-shutdown"],
