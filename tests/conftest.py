@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 from moto import mock_aws
+from moto.server import ThreadedMotoServer
 
 from gpujobs_local.stack import MotoStack, load_function
 
@@ -23,6 +24,16 @@ _SEQUENCES = {"max_examples": 300, "stateful_step_count": 100, "deadline": None,
 settings.register_profile("ci", **_SEQUENCES, print_blob=True)
 settings.register_profile("soak", **{**_SEQUENCES, "max_examples": 10_000})
 settings.load_profile(os.environ.get("GPUJOBS_HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    """A moto server on loopback, for what runs in another process (the bootstrap, a launcher)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
 
 
 @pytest.fixture

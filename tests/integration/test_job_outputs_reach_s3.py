@@ -19,7 +19,6 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from moto.server import ThreadedMotoServer
 
 from gpujobs.contract import OUTPUT_UNSENT_PREFIX, OUTPUT_UPLOAD_REQUEST_FILE
 from gpujobs.domain.job_access import outputs_uri
@@ -209,15 +208,6 @@ WORKLOAD = textwrap.dedent(
     sys.exit(3)
     """
 ).format(request=OUTPUT_UPLOAD_REQUEST_FILE, bucket=BUCKET)
-
-
-@pytest.fixture
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.mark.slow

@@ -23,7 +23,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.rundoc import RunDocument
@@ -83,15 +82,6 @@ IGNORES_SIGTERM = textwrap.dedent(
     time.sleep(300)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 class Cloud:

@@ -17,11 +17,10 @@ from tests.unit.test_bootstrap import (  # the bootstrap's own fixtures: a moto 
     Bus,
     a_document,
     bus,
-    moto_endpoint,
     run_bootstrap,
 )
 
-__all__ = ["bus", "moto_endpoint"]  # fixtures, re-exported for pytest
+__all__ = ["bus"]  # fixtures, re-exported for pytest
 
 
 def a_command(tmp_path: Path, case: str) -> list[str]:

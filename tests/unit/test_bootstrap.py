@@ -25,7 +25,6 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from moto.server import ThreadedMotoServer
 
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.instance import (
@@ -71,15 +70,6 @@ WAITING_WORKLOAD = (
     "open(os.environ['READY_FILE'], 'w').close()\n"
     "time.sleep(30)\n"
 )
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 class Bus:

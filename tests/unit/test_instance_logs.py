@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from gpujobs.contract import bootstrap_log_stream, job_log_stream
 from gpujobs.domain.rundoc import RunDocument
@@ -29,15 +27,6 @@ GROUP = "/gpujobs/test/jobs"
 INSTANCE_ID = "i-0aaaabbbbccccdddd"
 PRINTS_AND_FAILS = "import sys; print('epoch 1 loss 0.9', flush=True); print('boom', file=sys.stderr); sys.exit(3)"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture
