@@ -9,8 +9,8 @@ it holds the private IP the rendezvous and NCCL's TCP bootstrap use); every othe
 shares anyway (one rung, one subnet), and the job's self-ingress security group admits it.
 A single node talks over NVLink/PCIe only, so it launches with the one plain interface as before.
 
-Types with an NVMe instance store stage checkpoints there (the DLAMI mounts it at
-`INSTANCE_STORE_MOUNT`); the others stage on the root volume, whose gp3 throughput and IOPS the
+Types with an NVMe instance store stage checkpoints there (the DLAMI mounts it at /opt/dlami/nvme,
+`gpujobs.instance.hardware`); the others stage on the root volume, whose gp3 throughput and IOPS the
 launch template raises. The facts per type are a packaged table (`adapters.catalog`); these rules
 are pure so they are tested per type without EC2.
 """

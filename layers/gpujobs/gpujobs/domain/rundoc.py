@@ -76,7 +76,7 @@ class RunDocument(BaseModel):
     """The spec's types this attempt launches with EFA interfaces (`domain.hardware`): on those the
     container gets the host's `/dev/infiniband/uverbs*` devices and an unlimited memlock."""
     instance_store_types: list[str] = Field(default_factory=list)
-    """The spec's types with an NVMe instance store: there checkpoints stage on it (`contract.INSTANCE_STORE_MOUNT`)."""
+    """The spec's types with an NVMe instance store: there checkpoints stage on it (`gpujobs.instance.hardware.INSTANCE_STORE_MOUNT`)."""
 
 
 class RunDocumentPointer(BaseModel):
