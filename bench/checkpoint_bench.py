@@ -10,7 +10,10 @@ Measures, for a model + AdamW state of about --size-gb GB:
      and on S3 (moto server on 127.0.0.1),
   4. what trusting only our own checkpoints costs: the SHA-256 of the checkpoint's files (the
      CPU time the save spends on digests, computed in its writer threads as the shards are
-     written; measured here alone, from the page cache) and a restore (verify + load).
+     written; measured here alone, from the page cache) and a restore (verify + load),
+  5. the staging rate: GB/s a synchronous save writes into the checkpoint staging folder
+     (--staging-dir, default $GPUJOBS_LOCAL_CHECKPOINT_DIR: on an instance the instance-store NVMe
+     or the gp3 root volume the bootstrap mounted there), where S3 checkpoints are written first.
 
     .venv/bin/python bench/checkpoint_bench.py --json bench/checkpoint_bench.json
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -208,6 +212,22 @@ def notice_to_commit(model: nn.Module, optimizer: torch.optim.Optimizer, env: di
         return elapsed
 
 
+def staging_rate(model: nn.Module, optimizer: torch.optim.Optimizer, staging: Path) -> dict[str, Any]:
+    """GB/s of a synchronous save (DCP shards + digests + fsync) into the staging folder, after an untimed one."""
+    folder = Path(tempfile.mkdtemp(prefix="gpujobs-bench-staging-", dir=staging))
+    run = make_run(model, optimizer, {"GPUJOBS_CHECKPOINT_URI": str(folder), "GPUJOBS_IMDS": "off"})
+    manager = run.checkpoints
+    assert manager.save(step=1, reason="periodic", position={}, blocking=True).result().committed
+    manager.wait_idle()
+    started = time.perf_counter()
+    assert manager.save(step=2, reason="periodic", position={}, blocking=True).result().committed
+    seconds = time.perf_counter() - started
+    written = sum(local_sizes(manager.store.staging_dir(2)).values())
+    manager.wait_idle()
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"staging_dir": str(staging), "staging_s": seconds, "staging_gb_s": written / 1e9 / seconds}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=1.0)
@@ -215,6 +235,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="batch of the simulated training step")
     parser.add_argument("--dir", default="", help="where to write (default: a temp dir on /tmp)")
     parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 measurement")
+    parser.add_argument(
+        "--staging-dir",
+        default=os.environ.get("GPUJOBS_LOCAL_CHECKPOINT_DIR", ""),
+        help="the checkpoint staging folder to measure (default: $GPUJOBS_LOCAL_CHECKPOINT_DIR, else --dir's temp dir)",
+    )
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args()
 
@@ -227,6 +252,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir or None) as tmp:
         root = Path(tmp)
         results.update(sync_and_async(model, optimizer, root, args.reps, args.batch))
+        results.update(staging_rate(model, optimizer, Path(args.staging_dir) if args.staging_dir else root))
         step_s = 0.05
         results["notice_to_commit_local_s"] = notice_to_commit(
             model, optimizer, {"GPUJOBS_CHECKPOINT_URI": str(root / "preempt")}, step_s
@@ -286,6 +312,7 @@ def print_table(r: dict[str, Any]) -> None:
         ),
         ("  worst-case stall / sync save", f"{r['async_stall_no_overlap_vs_sync_ratio']:.3f}", ""),
         ("notice -> committed, local disk", f"{r['notice_to_commit_local_s']:.2f} s", "IMDS poll 0.1 s"),
+        ("staging rate (sync save)", f"{r['staging_gb_s']:.2f} GB/s  ({r['staging_s']:.2f} s)", r["staging_dir"]),
     ]
     if "notice_to_commit_s3_moto_s" in r:
         rows.append(("notice -> committed, S3 (moto)", f"{r['notice_to_commit_s3_moto_s']:.2f} s", "IMDS poll 0.1 s"))

@@ -5,6 +5,13 @@ visible GPU, then prints a results table. Without CUDA it exits with code 2 and 
 
     torchrun --standalone --nproc-per-node $(nvidia-smi -L | wc -l) bench/gpu_check.py
     python bench/gpu_check.py            # one GPU, no torchrun needed
+    python bench/gpu_check.py --ddp-compare
+
+`--ddp-compare` measures what the trainer costs a multi-GPU DDP step: the same model and batch run
+under torchrun on every GPU twice, once as a bare DDP loop (init_process_group, DDP, autocast,
+AdamW) and once through gpujobs_trainer (setup_distributed, prepare_model, run.autocast and
+run.step_done's per-step all_reduce), and the ratio of their step throughputs is printed. It needs
+at least 2 GPUs and says "skipped: N GPU(s)" (exit 0) otherwise.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,11 +38,99 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--checkpoint-dir", default="", help="default: a temp dir")
     parser.add_argument("--json", default="", help="also write results here (rank 0)")
+    parser.add_argument("--ddp-compare", action="store_true", help="gpujobs trainer vs bare DDP step throughput")
+    parser.add_argument("--ddp-worker", choices=("bare", "gpujobs"), default="", help=argparse.SUPPRESS)
     return parser.parse_args()
+
+
+def ddp_compare(args: argparse.Namespace) -> int:
+    """Run both DDP loops under torchrun on every GPU and print their throughputs and ratio."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 2:
+        print(f"gpu_check ddp-compare: skipped: {gpus} GPU(s)")
+        return 0
+    shape = ["--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch)]
+    step_ms: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for worker in ("bare", "gpujobs"):
+            out = Path(tmp) / f"{worker}.json"
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
+            argv += [__file__, "--ddp-worker", worker, "--steps", str(args.steps), "--json", str(out), *shape]
+            subprocess.run(argv, check=True, env={**os.environ, "GPUJOBS_CHECKPOINT_URI": str(Path(tmp) / "ckpt")})
+            step_ms[worker] = json.loads(out.read_text())["step_ms"]
+    ratio = step_ms["bare"] / step_ms["gpujobs"]
+    print(f"DDP on {gpus} GPUs, {args.layers}x{args.width} MLP, batch {args.batch} per GPU:")
+    print(f"  bare torchrun      {step_ms['bare']:.2f} ms/step")
+    print(f"  gpujobs trainer    {step_ms['gpujobs']:.2f} ms/step")
+    print(f"  throughput ratio   {ratio:.3f} (gpujobs / bare)")
+    return 0
+
+
+def ddp_worker(args: argparse.Namespace) -> int:
+    """One rank of a timed DDP loop, bare or through gpujobs_trainer; rank 0 writes step_ms to --json."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(args.layers):
+        layers += [nn.Linear(args.width, args.width), nn.GELU()]
+    net = nn.Sequential(*layers)
+    run: Any = None
+    if args.ddp_worker == "bare":
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        model: Any = nn.parallel.DistributedDataParallel(net.cuda(), device_ids=[local_rank])
+    else:
+        import gpujobs_trainer
+        from gpujobs_trainer.config import TrainerConfig
+
+        gpujobs_trainer.setup_distributed()
+        model = gpujobs_trainer.prepare_model(net)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if args.ddp_worker == "gpujobs":
+        config = TrainerConfig.from_env(
+            {"GPUJOBS_CHECKPOINT_URI": os.environ["GPUJOBS_CHECKPOINT_URI"], "GPUJOBS_IMDS": "off"}
+        )
+        run = gpujobs_trainer.init(model=model, optimizer=optimizer, config=config)
+    x = torch.randn(args.batch, args.width, device=f"cuda:{local_rank}")
+
+    def step(n: int) -> None:
+        autocast = run.autocast() if run else torch.autocast("cuda", dtype=torch.bfloat16)
+        with autocast:
+            loss = model(x).float().pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if run:
+            run.step_done(n)
+
+    for n in range(1, 6):  # warm-up (cuBLAS heuristics, NCCL communicators)
+        step(n)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for n in range(6, 6 + args.steps):
+        step(n)
+    torch.cuda.synchronize()
+    step_ms = (time.perf_counter() - started) / args.steps * 1e3
+    if dist.get_rank() == 0 and args.json:
+        Path(args.json).write_text(json.dumps({"step_ms": step_ms}) + "\n")
+    if run:
+        run.checkpoints.wait_idle()  # no run.finish(): its final checkpoint is not what is measured
+    dist.destroy_process_group()
+    return 0
 
 
 def main() -> int:
     args = parse_args()
+    if args.ddp_compare:
+        return ddp_compare(args)
+    if args.ddp_worker:
+        return ddp_worker(args)
     import torch
 
     if not torch.cuda.is_available():

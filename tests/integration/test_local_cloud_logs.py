@@ -93,7 +93,7 @@ def test_a_failed_jobs_output_is_read_back_by_gpujobs_logs_and_status(
     assert main(["logs", job_id]) == 0
     assert printed(capsys) == ["step 1 loss 1.00", "step 2 loss 0.50", "step 3 loss 0.33"]
     assert main(["logs", job_id, "--bootstrap"]) == 0
-    assert any(line.endswith("gpujobs-bootstrap: exited: workload exited with 3") for line in printed(capsys))
+    assert any("gpujobs-bootstrap: exited: workload exited with 3" in line for line in printed(capsys))
     # and `gpujobs status` shows the last lines under the failed job
     assert main(["status", job_id]) == 0
     status = "\n".join(printed(capsys))

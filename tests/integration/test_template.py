@@ -166,10 +166,20 @@ def test_root_volume_is_encrypted_gp3_and_goes_away_with_the_instance() -> None:
     assert root["Ebs"] == {
         "VolumeType": "gp3",
         "VolumeSize": {"Ref": "RootVolumeGiB"},
+        "Iops": {"Ref": "RootVolumeIops"},
+        "Throughput": {"Ref": "RootVolumeThroughputMiBps"},
         "Encrypted": True,
         "DeleteOnTermination": True,
     }
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
+
+
+def test_the_root_volume_where_checkpoints_stage_without_an_instance_store_is_raised_to_gp3s_maximum() -> None:
+    parameters = load_template()["Parameters"]
+
+    assert parameters["RootVolumeIops"]["Default"] == 16000
+    assert parameters["RootVolumeThroughputMiBps"]["Default"] == 1000
+    assert parameters["RootVolumeThroughputMiBps"]["Default"] * 4 <= parameters["RootVolumeIops"]["Default"]
 
 
 def test_instances_get_no_ssh_key_and_no_public_ip_anywhere_in_the_stack() -> None:

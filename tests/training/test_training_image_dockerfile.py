@@ -36,6 +36,12 @@ def _one(keyword: str) -> str:
     return values[0]
 
 
+def _base_image() -> str:
+    """The FROM image, with the build arguments it names replaced by their defaults (the CPU/dev build)."""
+    defaults = dict(rest.partition("=")[::2] for kw, rest in _instructions() if kw == "ARG" and "=" in rest)
+    return re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], _one("FROM"))
+
+
 def _hadolint() -> str | None:
     beside_python = Path(sys.executable).parent / "hadolint"
     return str(beside_python) if beside_python.exists() else shutil.which("hadolint")
@@ -64,7 +70,7 @@ def test_the_trainer_runs_as_a_non_root_user() -> None:
 
 
 def test_torch_is_pinned_exactly_and_the_base_image_has_an_exact_tag() -> None:
-    base = _one("FROM")
+    base = _base_image()
     assert ":" in base
     assert not base.endswith(":latest")
     assert re.search(r":\d+\.\d+\.\d+", base)
@@ -73,6 +79,14 @@ def test_torch_is_pinned_exactly_and_the_base_image_has_an_exact_tag() -> None:
     runs = " ".join(rest for kw, rest in _instructions() if kw == "RUN")
     assert "-r /opt/gpujobs/requirements.txt" in runs
     assert "2.13.0" in runs
+
+
+def test_the_efa_build_is_a_build_argument_and_the_default_build_stays_on_plain_python() -> None:
+    assert _one("FROM") == "${BASE_IMAGE}"
+    assert _base_image().startswith("python:3.11.")
+    comments = DOCKERFILE.read_text()
+    assert "--build-arg BASE_IMAGE=" in comments
+    assert "aws-ofi-nccl" in comments
 
 
 def test_the_runtime_package_and_example_are_copied_into_the_image() -> None:

@@ -12,6 +12,7 @@ def FakeImds(
     launch_index: int = 0,
     local_ipv4: str = "10.0.0.5",
     region: str = "us-east-1",
+    instance_type: str = "g5.xlarge",
 ) -> LocalImds:
     return LocalImds(
         user_data=user_data,
@@ -20,5 +21,6 @@ def FakeImds(
             "ami-launch-index": str(launch_index),
             "local-ipv4": local_ipv4,
             "placement/region": region,
+            "instance-type": instance_type,
         },
     )

@@ -812,3 +812,20 @@ def test_the_loader_refuses_a_bootstrap_swapped_in_s3_and_powers_off(
     assert not (tmp_path / "out.json").exists()
     assert not (tmp_path / "pwned").exists()
     assert (tmp_path / "shutdown").read_text() == "-h now"
+
+
+def test_nccl_and_gloo_are_told_the_interface_that_holds_the_instances_private_ip(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    # given an instance whose private IP (IMDS local-ipv4) is held by this host's loopback
+    doc = a_document(tmp_path, bus)
+    with FakeImds(
+        user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID, local_ipv4="127.0.0.1"
+    ) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+
+    # then the workload is told to bind that interface, not whichever gloo would pick (docker0)
+    assert code == 0, output
+    seen = json.loads((tmp_path / "out.json").read_text())
+    assert seen["env"]["NCCL_SOCKET_IFNAME"] == seen["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "NCCL and gloo use lo, which holds 127.0.0.1" in output

@@ -5,6 +5,10 @@ also the catalog of types: the cost caps and the CLI's cost figures read the pri
 `gpujobs validate` reads the GPU counts to catch, offline, a type nobody knows or a
 `gpus_per_node` larger than the type has. Reading it needs no AWS and no botocore, so the CLI
 imports this module without paying boto3's import time.
+
+`gpujobs/data/instance_hardware.json` is the same catalog's hardware half: each type's EFA
+interfaces and NVMe instance store (`gpujobs.domain.hardware` decides the launch from them). It
+names exactly the priced types, so a type added to one table and not the other fails loudly.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
+from gpujobs.domain.hardware import InstanceHardware
+
 CATALOG_FILE = "data/ondemand_prices.json"
+HARDWARE_FILE = "data/instance_hardware.json"
 
 
 @dataclass(frozen=True)
@@ -51,3 +58,20 @@ def on_demand_prices() -> dict[str, float]:
 def gpu_counts() -> dict[str, int]:
     """Instance type -> GPUs per instance."""
     return {name: facts.gpus for name, facts in packaged_catalog().items()}
+
+
+@functools.cache
+def packaged_hardware() -> dict[str, InstanceHardware]:
+    """Instance type -> its EFA interfaces and instance store, for exactly the catalog's types."""
+    text = resources.files("gpujobs").joinpath(HARDWARE_FILE).read_text(encoding="utf-8")
+    types = json.loads(text)["types"]
+    if set(types) != set(packaged_catalog()):
+        raise CatalogError(
+            f"{HARDWARE_FILE} and {CATALOG_FILE} name different types: {set(types) ^ set(packaged_catalog())}"
+        )
+    return {
+        name: InstanceHardware(
+            efa_interfaces=int(facts["efa_interfaces"]), instance_store_gb=int(facts["instance_store_gb"])
+        )
+        for name, facts in types.items()
+    }

@@ -5,6 +5,9 @@ service errors propagate unchanged so the SQS record is retried; anything else i
 LaunchRejectedError that no other rung would fix. Every instance and volume is tagged on create,
 which is also what the IAM policy requires before RunInstances is allowed at all.
 
+Its network interfaces follow `domain.hardware`: one plain interface, or on an EFA type of a
+multi-node gang an EFA interface on every network card; none gets a public IP.
+
 A multi-node gang launches into a cluster placement group made for its attempt and tagged like its
 instances; the reconciler deletes the groups of ended attempts, because a Region holds only 500
 (`PlacementGroupLimitExceeded`, a CapacityError: the job waits, it does not fail).
@@ -28,6 +31,7 @@ from gpujobs.contract import (
     instance_display_name,
     job_security_group_name,
 )
+from gpujobs.domain.hardware import InterfaceType, network_interfaces
 from gpujobs.domain.job import Market
 from gpujobs.domain.ladder import ErrorKind, classify_launch_error
 from gpujobs.service.ports import (
@@ -45,7 +49,13 @@ from gpujobs.service.ports import (
 if TYPE_CHECKING:
     from types_boto3_ec2 import EC2Client
     from types_boto3_ec2.literals import InstanceTypeType
-    from types_boto3_ec2.type_defs import FilterTypeDef, InstanceTypeDef, RunInstancesRequestTypeDef, TagTypeDef
+    from types_boto3_ec2.type_defs import (
+        FilterTypeDef,
+        InstanceNetworkInterfaceSpecificationTypeDef,
+        InstanceTypeDef,
+        RunInstancesRequestTypeDef,
+        TagTypeDef,
+    )
 
 
 class Ec2Compute:
@@ -81,6 +91,27 @@ class Ec2Compute:
             {"Key": NAME_TAG, "Value": instance_display_name(request.name, request.attempt)},
         ]
 
+    def network_interfaces(self, request: LaunchRequest) -> list[InstanceNetworkInterfaceSpecificationTypeDef]:
+        """`domain.hardware`'s layout, each in the rung's subnet and the stack's and job's groups, no public IP."""
+        groups = [self._security_group_id, *filter(None, [request.security_group_id])]
+        layout = network_interfaces(request.efa_interfaces)
+        specs: list[InstanceNetworkInterfaceSpecificationTypeDef] = []
+        for interface in layout:
+            spec: InstanceNetworkInterfaceSpecificationTypeDef = {
+                "NetworkCardIndex": interface.network_card_index,
+                "DeviceIndex": interface.device_index,
+                "SubnetId": request.subnet.subnet_id,
+                "Groups": groups,
+                "DeleteOnTermination": True,
+            }
+            if interface.interface_type is InterfaceType.EFA:
+                spec["InterfaceType"] = interface.interface_type.value
+            # EC2 refuses the key when several interfaces launch, and then assigns no public IP anyway.
+            if len(layout) == 1:
+                spec["AssociatePublicIpAddress"] = False
+            specs.append(spec)
+        return specs
+
     def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
         tags = self.tags(request)
         params: RunInstancesRequestTypeDef = {
@@ -92,15 +123,7 @@ class Ec2Compute:
             "ClientToken": request.client_token,
             # The stubs say str, but botocore base64-encodes str or bytes (gzipped user data is bytes).
             "UserData": cast("str", request.user_data),
-            "NetworkInterfaces": [
-                {
-                    "DeviceIndex": 0,
-                    "SubnetId": request.subnet.subnet_id,
-                    "Groups": [self._security_group_id, *filter(None, [request.security_group_id])],
-                    "AssociatePublicIpAddress": False,
-                    "DeleteOnTermination": True,
-                }
-            ],
+            "NetworkInterfaces": self.network_interfaces(request),
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "volume", "Tags": tags},

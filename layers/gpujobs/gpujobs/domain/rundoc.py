@@ -9,10 +9,12 @@ field is ever spliced into a shell command.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, instance_store_types
 from gpujobs.domain.job import Attempt, Job
 from gpujobs.domain.job_access import outputs_uri
 
@@ -73,6 +75,11 @@ class RunDocument(BaseModel):
     trainer_env: dict[str, str] = Field(default_factory=dict)
     """The spec's `trainer:` settings that differ from the trainer's defaults, as the `GPUJOBS_*`
     variables the trainer reads (`gpujobs.domain.trainer_settings.TrainerSettings.environment`)."""
+    efa_instance_types: list[str] = Field(default_factory=list)
+    """The spec's types this attempt launches with EFA interfaces (`domain.hardware`): on those the
+    container gets the host's `/dev/infiniband/uverbs*` devices and an unlimited memlock."""
+    instance_store_types: list[str] = Field(default_factory=list)
+    """The spec's types with an NVMe instance store: there checkpoints stage on it (`gpujobs.instance.hardware.INSTANCE_STORE_MOUNT`)."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -123,10 +130,12 @@ def run_document(
     wait_for_attempt: int | None,
     report_key: str,
     access: dict[str, Any],
+    hardware: Mapping[str, InstanceHardware] | None = None,
 ) -> RunDocument:
     """Pure: the run document of `attempt` from the job's spec and the stack's settings.
 
-    `access` is the job role, session policy and tags (`job_access`), empty when the stack has no job role.
+    `access` is the job role, session policy and tags (`job_access`), empty when the stack has no job role;
+    `hardware` the facts of the types the spec names (the document is rendered before the ladder picks one).
     """
     spec = job.require_spec()
     return RunDocument(
@@ -152,5 +161,7 @@ def run_document(
         code_uri=spec.code or "",
         code_sha256=spec.code_sha256 or "",
         trainer_env=spec.trainer.environment(),
+        efa_instance_types=efa_instance_types(hardware or {}, instance_types=spec.instance_types, nodes=spec.nodes),
+        instance_store_types=instance_store_types(hardware or {}, instance_types=spec.instance_types),
         **access,
     )

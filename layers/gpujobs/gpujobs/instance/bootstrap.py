@@ -9,7 +9,8 @@ by `ps`.
 Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer checked against its SHA-256)
 -> instance facts (IMDS) -> rendezvous (rank 0's private IP is the master) -> the job role, assumed for
 this attempt and served on loopback (IMDS blocked for the container) -> image pull -> for a replacement,
-wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> workload (runtime
+wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> this host's primary
+interface, checkpoint staging folder and EFA devices (`hardware.py`) -> workload (runtime
 `docker` or `process`; SIGTERM/SIGINT are forwarded; its output folder uploaded on request and at
 the end, `outputs.py`) -> "Job Exited" on the event bus -> `shutdown -h now`.
 With a `log_group` in the document, this log and the workload's output also go to CloudWatch Logs,
@@ -36,6 +37,7 @@ from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRA
 from gpujobs.instance.credentials import JobCredentials
 from gpujobs.instance.errors import StoppedError
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
+from gpujobs.instance.hardware import EFA_DEVICE_GLOB, efa_devices, interface_addresses, interface_holding, staging_base
 from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.job_secrets import resolve_secrets
@@ -181,7 +183,10 @@ def _run(
         instance_id=facts["instance_id"],
         region=state["region"],
         output_dir=output_dir,
+        staging_dir=runtime.staging_folder(staging_base(doc, facts["instance_type"])),
+        socket_interface=_primary_interface(facts["local_ipv4"]),
     )
+    _use_efa(runtime, doc, facts["instance_type"])
     env.update(agent_env)
     log(f"starting the workload as node {rank} of {doc['nodes']}, master {master}")
     stopper.timeout, stopper.starting = doc["stop_timeout_seconds"], True
@@ -194,6 +199,21 @@ def _run(
         code = runtime.wait()
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
     return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
+
+
+def _primary_interface(ip: str) -> str | None:
+    name = interface_holding(ip, interface_addresses())
+    log(f"NCCL and gloo use {name}, which holds {ip}" if name else f"no interface holds {ip}: NCCL and gloo choose")
+    return name
+
+
+def _use_efa(runtime: Runtime, doc: dict[str, Any], instance_type: str) -> None:
+    devices = efa_devices(doc, instance_type)
+    if instance_type in doc["efa_instance_types"] and not devices:
+        log(f"{instance_type} launched with EFA but no {EFA_DEVICE_GLOB} (no EFA driver?): NCCL falls back to TCP")
+    if devices and isinstance(runtime, DockerRuntime):
+        runtime.use_efa(devices)
+        log(f"the container gets {len(devices)} EFA device(s) and an unlimited memlock")
 
 
 def main(argv: list[str] | None = None) -> int:

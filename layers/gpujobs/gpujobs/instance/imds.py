@@ -53,13 +53,14 @@ class Imds:
         return self._call("GET", path, {"X-aws-ec2-metadata-token": self._token})
 
     def facts(self) -> dict[str, Any]:
-        """instance_id, launch_index, local_ipv4 and region of this instance."""
+        """instance_id, instance_type, launch_index, local_ipv4 and region of this instance."""
         meta = {
             k: self.get("/latest/meta-data/" + k).decode().strip()
-            for k in ("instance-id", "ami-launch-index", "local-ipv4", "placement/region")
+            for k in ("instance-id", "instance-type", "ami-launch-index", "local-ipv4", "placement/region")
         }
         return {
             "instance_id": meta["instance-id"],
+            "instance_type": meta["instance-type"],
             "launch_index": int(meta["ami-launch-index"]),
             "local_ipv4": meta["local-ipv4"],
             "region": meta["placement/region"],

@@ -49,6 +49,8 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "code_uri": (str, ""),
     "code_sha256": (str, ""),
     "trainer_env": (dict, {}),
+    "efa_instance_types": (list, []),
+    "instance_store_types": (list, []),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -107,6 +109,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError("secrets must not repeat env names, and are read only with a job role")
     if not doc["image"] or doc["image"].startswith("-") or any(c.isspace() for c in doc["image"]):
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
+    if not all(isinstance(t, str) for t in doc["efa_instance_types"] + doc["instance_store_types"]):
+        raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
     if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
         raise BootstrapError(f"wait_for_attempt {doc['wait_for_attempt']} is not an earlier attempt")
     return doc

@@ -14,7 +14,10 @@ the daemon writes with the instance role), the bootstrap's `LogShipper` for a pr
 is also echoed to the bootstrap's stdout as before.
 
 The job's output folder (`outputs_folder`) is a fresh host folder: docker mounts it into the
-container at `OUTPUTS_IN_CONTAINER`; a process gets the host path.
+container at `OUTPUTS_IN_CONTAINER`; a process gets the host path. The checkpoint staging folder
+(`staging_folder`) is mounted the same way at `CHECKPOINTS_IN_CONTAINER`, from the instance store
+when the host has one; an EFA host's uverbs devices and an unlimited memlock go to the container too
+(`use_efa`), since a container can neither open devices it was not given nor raise its own limit.
 
 The workload's stderr passes through this process, which keeps its last line: a workload that
 cannot start (docker's 125/126/127) or stops on an error says why there, and the exit report
@@ -46,6 +49,8 @@ _ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.
 HOST_DATA_DIR = "/var/lib/gpujobs"
 """Where docker's output folders live on the instance: the root volume (/tmp may be held in memory)."""
 OUTPUTS_IN_CONTAINER = "/var/lib/gpujobs/outputs"
+CHECKPOINTS_IN_CONTAINER = "/var/lib/gpujobs/checkpoints"
+"""The training image's GPUJOBS_LOCAL_CHECKPOINT_DIR: docker mounts the host's staging folder there."""
 
 
 class Runtime:
@@ -71,6 +76,11 @@ class Runtime:
         """A new folder on this host for the workload's outputs, and its path as the workload sees it."""
         folder = tempfile.mkdtemp(prefix="gpujobs-outputs-")
         return folder, folder
+
+    def staging_folder(self, base: str | None) -> str:
+        """The checkpoint staging folder as the workload sees it, made under `base`; "" keeps the workload's own."""
+        del base
+        return ""
 
     def start(self, doc: dict[str, Any], env: dict[str, str], private: dict[str, str] | None = None) -> None:
         """Start the workload with `env` and `private` (values that must stay off argv and logs)."""
@@ -193,6 +203,7 @@ class DockerRuntime(Runtime):
         self.env_file: EnvFile | None = None
         self.log_options: list[str] = []
         self.mounts: list[str] = []
+        self.devices: list[str] = []
 
     def block_imds(self, uid: int, iptables: str = "iptables") -> None:
         """Refuse the instance metadata service to `uid`, and run the container as that uid.
@@ -229,6 +240,20 @@ class DockerRuntime(Runtime):
         self.mounts.append(f"type=bind,src={folder},dst={OUTPUTS_IN_CONTAINER}")
         return folder, OUTPUTS_IN_CONTAINER
 
+    def staging_folder(self, base: str | None) -> str:
+        """A fresh folder under `base` (the instance store) or the root volume's data folder, owned by
+        the image's user and bind-mounted at CHECKPOINTS_IN_CONTAINER."""
+        parent = base or HOST_DATA_DIR
+        os.makedirs(parent, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="checkpoints-", dir=parent)
+        os.chown(folder, WORKLOAD_UID, WORKLOAD_UID)
+        self.mounts.append(f"type=bind,src={folder},dst={CHECKPOINTS_IN_CONTAINER}")
+        return CHECKPOINTS_IN_CONTAINER
+
+    def use_efa(self, devices: list[str]) -> None:
+        """Give the container these EFA devices and an unlimited memlock (libfabric pins its buffers)."""
+        self.devices = list(devices)
+
     def _docker(self, *args: str, stdin: str = "") -> None:
         done = subprocess.run([self.docker, *args], input=stdin.encode(), capture_output=True, check=False)
         if done.returncode != 0:
@@ -240,6 +265,8 @@ class DockerRuntime(Runtime):
         argv += ["--gpus", "all"] if doc["gpus_per_node"] > 0 else []
         argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
         argv += ["--user", f"{self.user}:{self.user}"] if self.user is not None else []
+        if self.devices:
+            argv += ["--ulimit", "memlock=-1:-1", *(f"--device={device}" for device in self.devices)]
         argv += self.log_options
         for mount in self.mounts:
             argv += ["--mount", mount]

@@ -10,14 +10,25 @@ from __future__ import annotations
 from typing import Any
 
 from gpujobs.instance.contract import OUTPUT_DIR_ENV, REPORT_KEY_ENV
+from gpujobs.instance.hardware import SOCKET_INTERFACE_ENVS
 
 
 def container_env(
-    doc: dict[str, Any], *, rank: int, master_addr: str, instance_id: str, region: str, output_dir: str = ""
+    doc: dict[str, Any],
+    *,
+    rank: int,
+    master_addr: str,
+    instance_id: str,
+    region: str,
+    output_dir: str = "",
+    staging_dir: str = "",
+    socket_interface: str | None = None,
 ) -> dict[str, str]:
     """The spec's env plus the GPUJOBS_* contract (which wins on a name clash).
 
-    `output_dir` is the output folder as the workload sees it (the runtime's `outputs_folder`)."""
+    `output_dir` is the output folder as the workload sees it (the runtime's `outputs_folder`),
+    `staging_dir` the checkpoint staging folder (`staging_folder`); `socket_interface` the host's
+    primary interface, named to NCCL and gloo unless the spec's env names one itself."""
     env = dict(doc["env"])
     env.update(doc["trainer_env"])
     env.update(
@@ -46,4 +57,9 @@ def container_env(
         env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
     if output_dir:
         env[OUTPUT_DIR_ENV] = output_dir
+    if staging_dir:
+        env["GPUJOBS_LOCAL_CHECKPOINT_DIR"] = staging_dir
+    if socket_interface:
+        for name in SOCKET_INTERFACE_ENVS:
+            env.setdefault(name, socket_interface)
     return env

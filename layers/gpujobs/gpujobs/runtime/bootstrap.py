@@ -18,6 +18,7 @@ import boto3
 from botocore.config import Config
 
 from gpujobs.adapters.budgets import DynamoBudgetBook
+from gpujobs.adapters.catalog import packaged_hardware
 from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
@@ -129,6 +130,7 @@ def build_job_service(settings: Settings) -> JobService:
             priced_instance_types=frozenset(packaged_on_demand_prices()),
             job_role_arn=settings.job_role_arn,
             job_log_group=settings.job_log_group,
+            hardware=packaged_hardware(),
         ),
         render_user_data=StoredBootstrapUserData(blobs, bucket=settings.checkpoint_bucket, region=settings.region),
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),

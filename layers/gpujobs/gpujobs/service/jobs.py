@@ -19,7 +19,7 @@ import functools
 import logging
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ from gpujobs.domain.credentials import redact
 from gpujobs.domain.deadline import launch_markets
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
+from gpujobs.domain.hardware import InstanceHardware, efa_interfaces
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, job_id_for
 from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
@@ -84,6 +85,8 @@ class LaunchConfig:
     job_role_arn: str = ""
     """Named in every run document: the role the bootstrap assumes for the container (none: the instance's)."""
     job_log_group: str = ""
+    hardware: Mapping[str, InstanceHardware] = field(default_factory=dict)
+    """Each type's EFA interfaces and instance store (`adapters.catalog.packaged_hardware`); an unknown type has neither."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,7 @@ class JobService:
             ),
             user_data=user_data,
             placement_group=placement_group_of(job, attempt),
+            efa_interfaces=efa_interfaces(self.config.hardware, instance_type=rung.instance_type, nodes=spec.nodes),
         )
 
     def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:
@@ -307,6 +311,7 @@ class JobService:
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
             report_key=self.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
             access=self._job_access(job, attempt),
+            hardware=self.config.hardware,
         )
         try:
             return self.render_user_data(doc)

@@ -97,6 +97,8 @@ class LaunchRequest:
     """Created (or reused) by run_instances when missing; at most 500 per Region."""
     security_group_id: str | None = None
     """The job's own security group (self-ingress only), attached beside the stack's egress group."""
+    efa_interfaces: int = 0
+    """EFA interfaces per instance, one per network card (`domain.hardware`); 0 launches one plain interface."""
 
 
 @dataclass(frozen=True)

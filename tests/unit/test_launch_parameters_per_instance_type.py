@@ -1,0 +1,149 @@
+"""The launch parameters and run document each instance type gets: EFA interfaces and checkpoint staging.
+
+Stories, per type of the packaged catalog: a multi-node p4d.24xlarge gang launches with an EFA
+interface on each of its 4 network cards, a p5.48xlarge gang on each of its 32; card 0 device 0 is
+the primary interface and every other card's EFA sits at device index 1; a single node, or a type
+without EFA, keeps the one plain interface it always had, without a public IP. The run document
+names the types that launch with EFA and those whose NVMe instance store stages checkpoints.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import boto3
+import pytest
+
+from gpujobs.adapters.catalog import packaged_catalog, packaged_hardware
+from gpujobs.adapters.ec2 import Ec2Compute
+from gpujobs.domain.hardware import InterfaceType, NetworkInterface, efa_interfaces, network_interfaces
+from gpujobs.domain.job import Attempt, Job, Market
+from gpujobs.domain.rundoc import run_document
+from gpujobs.domain.spec import validate_spec
+from gpujobs.service.ports import LaunchRequest, Subnet
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+EFA_CARDS = {"p4d.24xlarge": 4, "p5.48xlarge": 32, "g5.48xlarge": 1, "g5.12xlarge": 1, "g6.12xlarge": 1}
+
+
+def test_the_hardware_table_names_exactly_the_types_the_price_table_does() -> None:
+    assert set(packaged_hardware()) == set(packaged_catalog())
+
+
+@pytest.mark.parametrize("instance_type", sorted(packaged_catalog()))
+def test_a_multi_node_gang_gets_one_efa_per_network_card_of_its_type(instance_type: str) -> None:
+    count = efa_interfaces(packaged_hardware(), instance_type=instance_type, nodes=2)
+
+    assert count == EFA_CARDS.get(instance_type, 0)
+    layout = network_interfaces(count)
+    if count == 0:
+        assert layout == (NetworkInterface(0, 0, InterfaceType.PLAIN),)
+        return
+    assert [i.network_card_index for i in layout] == list(range(count))
+    assert layout[0] == NetworkInterface(0, 0, InterfaceType.EFA)
+    assert all(i.device_index == 1 and i.interface_type is InterfaceType.EFA for i in layout[1:])
+
+
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge"])
+def test_a_single_node_talks_over_nvlink_and_launches_with_the_plain_interface(instance_type: str) -> None:
+    assert efa_interfaces(packaged_hardware(), instance_type=instance_type, nodes=1) == 0
+
+
+def test_a_type_the_table_does_not_know_launches_as_before() -> None:
+    assert efa_interfaces(packaged_hardware(), instance_type="p6-b200.48xlarge", nodes=4) == 0
+
+
+def a_request(instance_type: str, efa: int) -> LaunchRequest:
+    return LaunchRequest(
+        job_id="j-0123456789abcdef",
+        attempt=1,
+        team="default",
+        name="llm",
+        count=2,
+        instance_type=instance_type,
+        subnet=Subnet("subnet-a", "us-east-1a"),
+        market=Market.SPOT,
+        client_token="token",
+        user_data="{}",
+        placement_group="gpujobs-j-0123456789abcdef-a1",
+        security_group_id="sg-job",
+        efa_interfaces=efa,
+    )
+
+
+@pytest.mark.parametrize(("instance_type", "cards"), [("p4d.24xlarge", 4), ("p5.48xlarge", 32)])
+def test_runinstances_gets_an_efa_per_card_in_the_gang_subnet_and_groups_without_a_public_ip(
+    instance_type: str, cards: int
+) -> None:
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    compute = Ec2Compute(
+        client=ec2, launch_template_id="lt-1", security_group_id="sg-stack", subnet_ids=["subnet-a"], stack_name="s"
+    )
+
+    interfaces = compute.network_interfaces(a_request(instance_type, cards))
+
+    assert len(interfaces) == cards
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in interfaces] == [(0, 0)] + [
+        (c, 1) for c in range(1, cards)
+    ]
+    assert {i.get("InterfaceType") for i in interfaces} == {"efa"}
+    assert all(i["SubnetId"] == "subnet-a" and i["Groups"] == ["sg-stack", "sg-job"] for i in interfaces)
+    # EC2 refuses AssociatePublicIpAddress with several interfaces, and assigns no public IP then.
+    assert not any("AssociatePublicIpAddress" in i for i in interfaces)
+
+
+def test_runinstances_without_efa_keeps_one_plain_interface_without_a_public_ip() -> None:
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    compute = Ec2Compute(
+        client=ec2, launch_template_id="lt-1", security_group_id="sg-stack", subnet_ids=["subnet-a"], stack_name="s"
+    )
+
+    (interface,) = compute.network_interfaces(a_request("g5.xlarge", 0))
+
+    assert interface["DeviceIndex"] == 0
+    assert interface["NetworkCardIndex"] == 0
+    assert "InterfaceType" not in interface
+    assert interface["AssociatePublicIpAddress"] is False
+    assert interface["Groups"] == ["sg-stack", "sg-job"]
+
+
+def a_job(*, nodes: int, instance_types: list[str]) -> tuple[Job, Attempt]:
+    spec = validate_spec(
+        {"name": "llm", "image": "train:1", "command": ["torchrun"], "nodes": nodes, "instance_types": instance_types}
+    )
+    job = Job.submitted(job_id="j-0123456789abcdef", spec=spec, now=NOW, message_id="m-1")
+    return job, Attempt(number=1, started_at=NOW)
+
+
+def a_document(job: Job, attempt: Attempt) -> dict[str, object]:
+    doc = run_document(
+        job,
+        attempt,
+        bucket="b",
+        event_bus="bus",
+        region="us-east-1",
+        log_group="",
+        wait_for_attempt=None,
+        report_key="",
+        access={},
+        hardware=packaged_hardware(),
+    )
+    return doc.model_dump()
+
+
+def test_the_run_document_names_the_types_launched_with_efa_and_those_staging_on_nvme() -> None:
+    job, attempt = a_job(nodes=2, instance_types=["p5.48xlarge", "p4d.24xlarge", "g5.xlarge", "c7i.large"])
+
+    doc = a_document(job, attempt)
+
+    assert doc["efa_instance_types"] == ["p5.48xlarge", "p4d.24xlarge"]
+    assert doc["instance_store_types"] == ["p5.48xlarge", "p4d.24xlarge", "g5.xlarge"]
+
+
+def test_a_single_node_document_names_no_efa_type_but_still_stages_on_nvme() -> None:
+    job, attempt = a_job(nodes=1, instance_types=["p5.48xlarge"])
+
+    doc = a_document(job, attempt)
+
+    assert doc["efa_instance_types"] == []
+    assert doc["instance_store_types"] == ["p5.48xlarge"]
