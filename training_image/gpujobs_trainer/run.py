@@ -1,8 +1,8 @@
 """The few calls a training script makes: ``init``, ``resume``, ``step_done``, ``finish``.
 
-``step_done`` is the step boundary where everything happens: the local stop/checkpoint flags and
+``step_done`` is the step boundary where everything happens: the local stop/checkpoint requests and
 rank 0's periodic timer are combined with one all_reduce(MAX), so every rank saves the same step
-and every rank stops at the same step.
+and every rank stops at the same step; requests that arrive together make one save (`coalescing`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 from gpujobs_trainer.checkpoint import CheckpointManager
+from gpujobs_trainer.coalescing import SaveCoordinator, Verdict
 from gpujobs_trainer.config import TrainerConfig
-from gpujobs_trainer.distributed import DistEnv, all_reduce_max, autocast, init_process_group_from_env
+from gpujobs_trainer.distributed import DistEnv, autocast, init_process_group_from_env
 from gpujobs_trainer.errors import (
     CONFIG_ERROR_EXIT_CODE,
     CRASH_EXIT_CODE,
@@ -86,6 +87,7 @@ class Run:
             on_commit=self._report_commit if env.is_main else None,
         )
         install_signal_handlers(self.flags)
+        self.coordinator = SaveCoordinator(self.flags, device=env.device)
         self.watcher: ImdsWatcher | None = None
         if env.local_rank == 0 and config.imds_mode != "off":
             self.watcher = ImdsWatcher(
@@ -135,20 +137,22 @@ class Run:
         self.position = {"epoch": epoch, "offset": offset}
         now = time.monotonic()
         minutes = self.config.checkpoint_every_minutes
-        periodic_due = int(self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60)
-        every = self.config.checkpoint_every_steps
-        preempt, on_demand, periodic = all_reduce_max(
-            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due], self.env.device
+        periodic_due = self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60
+        verdict = self.coordinator.at_step(
+            step,
+            periodic_due=periodic_due,
+            every_steps=self.config.checkpoint_every_steps,
+            save_in_flight=self.checkpoints.save_in_flight,
         )
-        if preempt:
+        if verdict is Verdict.STOP:
             log.info("stopping at step %d: %s", step, self.flags.preempt_reason or "another rank was told to")
             self.preempted = True
             result = self.checkpoints.save(step=step, reason="preempted", position=self.position, blocking=True)
             self.exit_code = PREEMPTED_EXIT_CODE if result.result().committed else CRASH_EXIT_CODE
             return True
-        if on_demand:
+        if verdict is Verdict.SAVE_ON_DEMAND:
             self._save("on-demand")
-        elif periodic or (every > 0 and step % every == 0):
+        elif verdict is Verdict.SAVE_PERIODIC:
             self._save("periodic")
         self._maybe_heartbeat(now)
         return False
@@ -218,6 +222,7 @@ class Run:
         self.checkpoints.save(
             step=self.step, reason=reason, position=self.position, blocking=not self.config.async_checkpoints
         )
+        self.coordinator.saved()
 
     def _maybe_heartbeat(self, now: float) -> None:
         if not self.env.is_main or isinstance(self.publisher, NullPublisher):
