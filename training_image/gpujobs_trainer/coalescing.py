@@ -2,9 +2,9 @@
 
 A spot warning reaches a job three ways within seconds: the control plane's checkpoint-now
 (SSM -> SIGUSR1, to every node, each at its own moment), the IMDS ``instance-action`` notice (on the
-reclaimed node only, seen at the next poll) and, at the end, SIGTERM. Acted on one by one they
-gave a save each (the two-node demo committed steps 196, 197 and 198 in a row: node 0's SIGUSR1,
-node 1's SIGUSR1, then the notice); for a 70 GB checkpoint that is the whole two minutes.
+reclaimed node only, seen at the next poll) and, at the end, SIGTERM. Acted on one by one, as each
+rank's flag came up, they gave a save each (the two-node demo committed steps 196, 197 and 198 in a
+row); for a 70 GB checkpoint that is the whole two minutes.
 So requests coalesce:
 
 - A checkpoint-now request waits up to ``COALESCE_SECONDS`` for a preemption to join it (the
