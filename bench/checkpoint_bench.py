@@ -7,7 +7,9 @@ Measures, for a model + AdamW state of about --size-gb GB:
      real forward/backward of the benchmark model in between (and the same with no work in
      between, the worst case),
   3. time from a spot interruption notice (fake IMDSv2) to the committed checkpoint, on local disk
-     and on S3 (moto server on 127.0.0.1),
+     and on S3 (moto server on 127.0.0.1); on local disk also with the control plane's
+     checkpoint-now (SIGUSR1) and SIGTERM arriving around the notice, with the saves it made,
+     coalesced as the trainer does and not (each request saving at once, as before),
   4. what trusting only our own checkpoints costs: the SHA-256 of the checkpoint's files (the
      CPU time the save spends on digests, computed in its writer threads as the shards are
      written; measured here alone, from the page cache) and a restore (verify + load),
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import sys
@@ -39,6 +42,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gpujobs_trainer  # noqa: E402
+from gpujobs_trainer.coalescing import COALESCE_SECONDS  # noqa: E402
 from gpujobs_trainer.config import TrainerConfig  # noqa: E402
 from gpujobs_trainer.storage import file_sha256, local_sizes  # noqa: E402
 from tests.training.harness import FakeImds  # noqa: E402
@@ -190,18 +194,38 @@ def sync_and_async(
     }
 
 
-def notice_to_commit(model: nn.Module, optimizer: torch.optim.Optimizer, env: dict[str, str], step_s: float) -> float:
+def notice_to_commit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    env: dict[str, str],
+    step_s: float,
+    *,
+    all_signals: bool = False,
+    coalesce_seconds: float = COALESCE_SECONDS,
+) -> tuple[float, int]:
+    """Seconds from the spot notice to the committed preemption checkpoint, and the saves made.
+
+    ``all_signals``: the warning arrives three ways, as from the control plane on EC2: checkpoint-now
+    (SIGUSR1) a step before the notice, SIGTERM a step after it. ``coalesce_seconds=0`` is how the
+    trainer behaved before requests coalesced (each one saved at once)."""
     with FakeImds() as imds:
         env = {**env, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint, "GPUJOBS_IMDS_POLL_SECONDS": "0.1"}
         run = make_run(model, optimizer, env)
+        run.coordinator.coalesce_seconds = coalesce_seconds
+        commits: list[int] = []
+        run.checkpoints.on_commit = lambda marker, _uri: commits.append(marker.step)
         step = 0
         noticed_at = 0.0
         while True:
             step += 1
             time.sleep(step_s)  # stands in for a training step
+            if all_signals and step == 4:
+                os.kill(os.getpid(), signal.SIGUSR1)
             if step == 5:
                 imds.announce_termination()
                 noticed_at = time.perf_counter()
+            if all_signals and step == 6:
+                os.kill(os.getpid(), signal.SIGTERM)
             if run.step_done(step):
                 break
         elapsed = time.perf_counter() - noticed_at
@@ -209,7 +233,39 @@ def notice_to_commit(model: nn.Module, optimizer: torch.optim.Optimizer, env: di
         run.checkpoints.close()
         if run.watcher is not None:
             run.watcher.stop()
-        return elapsed
+        return elapsed, len(commits)
+
+
+def warning_with_all_signals(
+    model: nn.Module, optimizer: torch.optim.Optimizer, root: Path, step_s: float, reps: int
+) -> dict[str, Any]:
+    """The notice alone, then with checkpoint-now and SIGTERM around it, coalesced and not: the
+    three cases alternate ``reps`` times (the machine is shared and noisy); medians, and the most
+    saves any repetition made."""
+    cases = [("notice_only", False, COALESCE_SECONDS), ("all_signals", True, COALESCE_SECONDS)]
+    cases.append(("all_signals_uncoalesced", True, 0.0))
+    times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+    saves: dict[str, int] = dict.fromkeys(times, 0)
+    for rep in range(reps):
+        for name, all_signals, window in cases:
+            env = {"GPUJOBS_CHECKPOINT_URI": str(root / f"{name}-{rep}")}
+            seconds, made = notice_to_commit(
+                model, optimizer, env, step_s, all_signals=all_signals, coalesce_seconds=window
+            )
+            times[name].append(seconds)
+            saves[name] = max(saves[name], made)
+    results: dict[str, Any] = {}
+    for name, seconds_each in times.items():
+        results[f"warning_{name}_s"] = statistics.median(seconds_each)
+        results[f"warning_{name}_all_s"] = seconds_each
+        results[f"warning_{name}_saves"] = saves[name]
+    results["warning_all_signals_vs_notice_only_ratio"] = (
+        results["warning_all_signals_s"] / results["warning_notice_only_s"]
+    )
+    results["warning_uncoalesced_vs_coalesced_ratio"] = (
+        results["warning_all_signals_uncoalesced_s"] / results["warning_all_signals_s"]
+    )
+    return results
 
 
 def staging_rate(model: nn.Module, optimizer: torch.optim.Optimizer, staging: Path) -> dict[str, Any]:
@@ -254,9 +310,8 @@ def main() -> int:
         results.update(sync_and_async(model, optimizer, root, args.reps, args.batch))
         results.update(staging_rate(model, optimizer, Path(args.staging_dir) if args.staging_dir else root))
         step_s = 0.05
-        results["notice_to_commit_local_s"] = notice_to_commit(
-            model, optimizer, {"GPUJOBS_CHECKPOINT_URI": str(root / "preempt")}, step_s
-        )
+        results.update(warning_with_all_signals(model, optimizer, root, step_s, args.reps))
+        results["notice_to_commit_local_s"] = results["warning_notice_only_s"]
         if not args.no_s3:
             import boto3
             from moto.server import ThreadedMotoServer
@@ -273,7 +328,7 @@ def main() -> int:
                 }
             )
             boto3.client("s3").create_bucket(Bucket="bench")
-            results["notice_to_commit_s3_moto_s"] = notice_to_commit(
+            results["notice_to_commit_s3_moto_s"], _ = notice_to_commit(
                 model,
                 optimizer,
                 {"GPUJOBS_CHECKPOINT_URI": "s3://bench/ckpt", "GPUJOBS_LOCAL_CHECKPOINT_DIR": str(root / "stage")},
@@ -313,6 +368,16 @@ def print_table(r: dict[str, Any]) -> None:
         ("  worst-case stall / sync save", f"{r['async_stall_no_overlap_vs_sync_ratio']:.3f}", ""),
         ("notice -> committed, local disk", f"{r['notice_to_commit_local_s']:.2f} s", "IMDS poll 0.1 s"),
         ("staging rate (sync save)", f"{r['staging_gb_s']:.2f} GB/s  ({r['staging_s']:.2f} s)", r["staging_dir"]),
+        (
+            "  + checkpoint-now and SIGTERM",
+            f"{r['warning_all_signals_s']:.2f} s, {r['warning_all_signals_saves']} save(s)",
+            f"{r['warning_all_signals_vs_notice_only_ratio']:.2f} of the notice alone",
+        ),
+        (
+            "  the same, uncoalesced (before)",
+            f"{r['warning_all_signals_uncoalesced_s']:.2f} s, {r['warning_all_signals_uncoalesced_saves']} save(s)",
+            f"{r['warning_uncoalesced_vs_coalesced_ratio']:.2f}x the coalesced time",
+        ),
     ]
     if "notice_to_commit_s3_moto_s" in r:
         rows.append(("notice -> committed, S3 (moto)", f"{r['notice_to_commit_s3_moto_s']:.2f} s", "IMDS poll 0.1 s"))

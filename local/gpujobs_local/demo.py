@@ -201,6 +201,9 @@ class Demo:
             "final_state": job.state.value,
             "attempts": attempts,
             "checkpoint_steps": sorted({step for step, _, _ in self.checkpoints}),
+            "checkpoints": [
+                {"step": step, "attempt": attempt, "reason": why} for step, attempt, why in self.checkpoints
+            ],
             "steps_lost": (stopped_at - resumed_step) if isinstance(resumed_step, int) else None,
             "seconds_warning_to_resumed": round(warning_to_resumed, 1),
             "accuracy": result.get("accuracy"),

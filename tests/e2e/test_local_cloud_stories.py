@@ -92,6 +92,8 @@ def test_a_spot_interruption_resumes_in_another_pool_from_the_preempted_checkpoi
     )
     (preempted,) = [c for c in stage.checkpoints(1) if c.reason == "preempted"]
     assert 40 <= preempted.step < 120
+    # the warning's checkpoint-now (SSM), IMDS notice and SIGTERM made that one save, nothing else
+    assert [c for c in stage.checkpoints(1) if c.reason != "periodic"] == [preempted]
 
     job = stage.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=150)
     assert job.state is JobState.SUCCEEDED, job.status_detail
@@ -343,6 +345,7 @@ def test_a_two_node_gang_interrupted_on_one_node_resumes_as_a_gang(stage: Stage)
         "the gang's preemption checkpoint", lambda: any(c.reason == "preempted" for c in stage.checkpoints(1)), 60
     )
     (preempted,) = [c for c in stage.checkpoints(1) if c.reason == "preempted"]
+    assert [c for c in stage.checkpoints(1) if c.reason != "periodic"] == [preempted]  # one save per warning
     job = stage.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=200)
     assert job.state is JobState.SUCCEEDED, job.status_detail
     reclaimed, replacement = job.attempts

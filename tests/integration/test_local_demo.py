@@ -28,9 +28,30 @@ def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
     assert second["start_step"] == first["end_step"]  # resumed exactly where the preempted save was made
     assert summary["steps_lost"] <= 1
     assert first["end_step"] in summary["checkpoint_steps"]
+    # the warning (checkpoint-now over SSM, the IMDS notice, SIGTERM) made one save: the preemption checkpoint
+    warning_saves = [c for c in summary["checkpoints"] if c["attempt"] == 1 and c["reason"] != "periodic"]
+    assert warning_saves == [{"step": first["end_step"], "attempt": 1, "reason": "preempted"}]
     assert summary["logs"]["log_group"] == "/gpujobs/gpujobs-local/jobs"
     assert summary["logs"]["streams"] == [f"{summary['job_id']}/{a['attempt']}/0" for a in (first, second)]
     instance_logs = list(tmp_path.rglob("bootstrap.log"))
     assert len(instance_logs) == 2  # two instances ran, nothing else was launched
     assert summary["outputs"]["uri"] == f"s3://gpujobs-local-checkpoints/outputs/{summary['job_id']}/"
     assert summary["outputs"]["keys"] == ["model.safetensors"]  # the finishing attempt's run.export(model)
+
+
+@pytest.mark.timeout(300)
+def test_the_two_node_demo_commits_one_checkpoint_at_the_warning(
+    restored_environ: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each node gets the control plane's checkpoint-now at its own moment and only the reclaimed
+    one sees the notice: they used to commit a save each (steps 196, 197 and 198 in a row)."""
+    code = main(["--json", "--workdir", str(tmp_path), "--nodes", "2"])
+
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert summary["final_state"] == "SUCCEEDED"
+    first, second = summary["attempts"]
+    assert first["end_reason"] == "interrupted"
+    warning_saves = [c for c in summary["checkpoints"] if c["attempt"] == 1 and c["reason"] != "periodic"]
+    assert warning_saves == [{"step": first["end_step"], "attempt": 1, "reason": "preempted"}]
+    assert second["start_step"] == first["end_step"]

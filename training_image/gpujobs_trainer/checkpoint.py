@@ -285,6 +285,11 @@ class CheckpointManager:
         except Exception as exc:  # retention is housekeeping: never fail training over it
             log.warning("purging old checkpoints failed: %s", exc)
 
+    @property
+    def save_in_flight(self) -> bool:
+        """Whether an asynchronous save is still being written or committed (on this rank)."""
+        return self._in_flight is not None and not self._in_flight.done()
+
     def wait(self) -> SaveResult | None:
         """Block until the save in flight (if any) is committed or failed."""
         if self._in_flight is None:

@@ -5,17 +5,23 @@ Two sources set two local flags; the training loop combines them across ranks at
   budget) or SIGTERM (last-chance path: docker stop, torchrun forwarding).
 - ``checkpoint_now``: an EC2 rebalance recommendation, SIGUSR1 (the control plane's
   ``docker kill --signal SIGUSR1``) or a call from user code.
-Signal handlers only set flags; all real work happens at the step boundary.
+Signal handlers only record; all real work happens at the step boundary, where `coalescing`
+turns what every rank recorded into one decision. A checkpoint-now request also makes the watcher
+look at the spot notice at once: the control plane sends one when a warning comes, and finding the
+notice turns the request into the preemption save instead of a save of its own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -29,12 +35,16 @@ TOKEN_TTL_SECONDS = 21600
 
 @dataclass
 class StopFlags:
-    """Thread- and signal-safe flags (plain attribute writes are atomic under the GIL)."""
+    """What the signal handlers and the watcher thread recorded, without locks: a handler runs in
+    the main thread between two bytecodes, so a lock the main thread holds would deadlock it.
+    Attribute writes and ``list.append`` / ``del list[:n]`` are atomic under the GIL."""
 
     preempt: bool = False
-    checkpoint_now: bool = False
     preempt_reason: str = ""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    on_checkpoint_request: Callable[[], None] | None = None
+    """Called (signal-safe) after each checkpoint-now request: the IMDS watcher's ``poll_now``."""
+    _requests: list[float] = field(default_factory=list, repr=False)
+    """Monotonic arrival times of the checkpoint-now requests not served yet, oldest first."""
 
     def request_preempt(self, why: str) -> None:
         if not self.preempt:
@@ -42,12 +52,22 @@ class StopFlags:
         self.preempt = True
 
     def request_checkpoint(self) -> None:
-        self.checkpoint_now = True
+        self._requests.append(time.monotonic())
+        if self.on_checkpoint_request is not None:
+            self.on_checkpoint_request()
 
-    def take_checkpoint_request(self) -> bool:
-        with self._lock:
-            wanted, self.checkpoint_now = self.checkpoint_now, False
-            return wanted
+    @property
+    def checkpoint_now(self) -> bool:
+        return bool(self._requests)
+
+    def pending_requests(self) -> tuple[int, float | None]:
+        """How many requests are waiting, and when the oldest of them arrived."""
+        requests = list(self._requests)
+        return len(requests), (requests[0] if requests else None)
+
+    def serve_requests(self, count: int) -> None:
+        """The ``count`` oldest requests are served by a checkpoint; newer ones stay pending."""
+        del self._requests[:count]
 
 
 def install_signal_handlers(flags: StopFlags) -> None:
@@ -111,7 +131,8 @@ class ImdsClient:
 
 
 class ImdsWatcher:
-    """Polls the spot notice and the rebalance recommendation every ``interval`` seconds.
+    """Polls the spot notice and the rebalance recommendation every ``interval`` seconds, and at
+    once when ``poll_now`` is called (every checkpoint-now request calls it).
 
     ``required=False`` (the default off EC2): the first failure logs one line and stops the
     watcher. ``required=True`` (an endpoint was configured explicitly): keep polling, logging
@@ -125,16 +146,23 @@ class ImdsWatcher:
         self.required = required
         self.disabled = False
         self._seen_rebalance: str | None = None
-        self._stop = threading.Event()
+        # SimpleQueue.put is reentrant, so a signal handler may call poll_now: False = poll now, True = stop.
+        self._wake: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="gpujobs-imds", daemon=True)
 
     def start(self) -> None:
+        self.flags.on_checkpoint_request = self.poll_now
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.flags.on_checkpoint_request = None
+        self._wake.put(True)
         if self._thread.is_alive():
             self._thread.join(timeout=self.client.timeout * 3 + 1)
+
+    def poll_now(self) -> None:
+        """Look at the notice without waiting for the next poll (signal-safe)."""
+        self._wake.put(False)
 
     def poll_once(self) -> None:
         """One poll; raises ImdsUnreachableError when the service does not answer."""
@@ -150,7 +178,7 @@ class ImdsWatcher:
 
     def _run(self) -> None:
         in_outage = False
-        while not self._stop.is_set():
+        while True:
             try:
                 self.poll_once()
                 in_outage = False
@@ -162,9 +190,18 @@ class ImdsWatcher:
                 if not in_outage:
                     log.warning("instance metadata unreachable, will keep polling: %s", exc)
                 in_outage = True
-            if self.flags.preempt:
+            if self.flags.preempt or self._wait():
                 return
-            self._stop.wait(self.interval)
+
+    def _wait(self) -> bool:
+        """Sleep until the next poll is due or wanted; True when the watcher is to stop."""
+        try:
+            stop = self._wake.get(timeout=self.interval)
+        except queue.Empty:
+            return False
+        while not stop and not self._wake.empty():  # wake-ups that piled up need one poll
+            stop = self._wake.get_nowait()
+        return stop
 
 
 def _summary(body: str) -> str:

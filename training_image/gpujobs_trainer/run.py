@@ -1,11 +1,12 @@
 """The few calls a training script makes: ``init``, ``resume``, ``step_done``, ``finish``.
 
-``step_done`` is the step boundary where everything happens: the local stop/checkpoint flags and
+``step_done`` is the step boundary where everything happens: the local stop/checkpoint requests and
 rank 0's periodic timer are combined with one all_reduce(MAX), so every rank saves the same step
-and every rank stops at the same step. That all_reduce and the final barrier run on the trainer's
-own gloo group, each bounded by the job's collective timeout; the script's collectives keep
-torch's default timeout (``distributed.ControlGroup``). ``busy()`` marks a long phase between two
-step boundaries, so the control plane does not take it for a hang (``heartbeat``).
+and every rank stops at the same step; requests that arrive together make one save (`coalescing`).
+That all_reduce and the final barrier run on the trainer's own gloo group, each bounded by the job's
+collective timeout; the script's collectives keep torch's default timeout
+(``distributed.ControlGroup``). ``busy()`` marks a long phase between two step boundaries, so the
+control plane does not take it for a hang (``heartbeat``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gpujobs_trainer.checkpoint import CheckpointManager
+from gpujobs_trainer.coalescing import SaveCoordinator, Verdict
 from gpujobs_trainer.config import TrainerConfig
 from gpujobs_trainer.distributed import ControlGroup, DistEnv, autocast, init_process_group_from_env
 from gpujobs_trainer.errors import (
@@ -90,6 +92,7 @@ class Run:
             on_commit=self._report_commit if env.is_main else None,
         )
         install_signal_handlers(self.flags)
+        self.coordinator = SaveCoordinator(self.flags, all_reduce_max=self._control.all_reduce_max)
         self.watcher: ImdsWatcher | None = None
         if env.local_rank == 0 and config.imds_mode != "off":
             self.watcher = ImdsWatcher(
@@ -145,20 +148,22 @@ class Run:
         self.position = {"epoch": epoch, "offset": offset}
         now = time.monotonic()
         minutes = self.config.checkpoint_every_minutes
-        periodic_due = int(self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60)
-        every = self.config.checkpoint_every_steps
-        preempt, on_demand, periodic = self._control.all_reduce_max(
-            [int(self.flags.preempt), int(self.flags.take_checkpoint_request()), periodic_due]
+        periodic_due = self.env.is_main and minutes > 0 and now - self._last_periodic >= minutes * 60
+        verdict = self.coordinator.at_step(
+            step,
+            periodic_due=periodic_due,
+            every_steps=self.config.checkpoint_every_steps,
+            save_in_flight=self.checkpoints.save_in_flight,
         )
-        if preempt:
+        if verdict is Verdict.STOP:
             log.info("stopping at step %d: %s", step, self.flags.preempt_reason or "another rank was told to")
             self.preempted = True
             result = self.checkpoints.save(step=step, reason="preempted", position=self.position, blocking=True)
             self.exit_code = PREEMPTED_EXIT_CODE if result.result().committed else CRASH_EXIT_CODE
             return True
-        if on_demand:
+        if verdict is Verdict.SAVE_ON_DEMAND:
             self._save("on-demand")
-        elif periodic or (every > 0 and step % every == 0):
+        elif verdict is Verdict.SAVE_PERIODIC:
             self._save("periodic")
         self.heartbeat.after_step(step)
         return False
@@ -238,6 +243,7 @@ class Run:
         blocking = not self.config.async_checkpoints
         with self.busy("checkpoint") if blocking else contextlib.nullcontext():
             self.checkpoints.save(step=self.step, reason=reason, position=self.position, blocking=blocking)
+        self.coordinator.saved()
 
     def _report_commit(self, marker: CommitMarker, uri: str) -> None:
         self.publisher.publish(
