@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -36,7 +37,7 @@ def printed(capsys: pytest.CaptureFixture[str]) -> list[str]:
 
 
 @pytest.fixture
-def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCloud]:
+def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
     cloud = LocalCloud(workdir=tmp_path, allowed_instance_types=LOCAL_INSTANCE_TYPES, reconcile_every=60)
     cloud.start()
     try:
@@ -51,9 +52,10 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClou
         )
         cloud.add_tick(runner.poll)
         cloud.add_shutdown(runner.stop_all)
-        for key, value in cloud.exports().items():
-            monkeypatch.setenv(key, value)
-        yield cloud
+        # restored before cloud.stop() restores what the process had before the cloud (a monkeypatch made
+        # before the cloud would be undone after it, putting the stopped server's endpoint back)
+        with mock.patch.dict(os.environ, cloud.exports()):
+            yield cloud
     finally:
         cloud.stop()
 

@@ -40,6 +40,7 @@ DOC: dict[str, Any] = {
     "command": ["python", "train.py"],
     "efa_instance_types": [P5],
     "instance_store_types": [P5],
+    "trainer_env": {},
 }
 P5_HOST = {"lo": "127.0.0.1", "docker0": "172.17.0.1", "enp71s0": "10.0.3.17", "enp72s0": "10.0.3.18"}
 
