@@ -120,14 +120,15 @@ class JobResult:
         decoder = json.JSONDecoder()
         for line in self.lines:
             start = line.find('{"event"')
-            if start < 0:
-                continue
-            try:
-                record, _ = decoder.raw_decode(line[start:])
-            except ValueError:
-                continue
-            if record.get("event") == name:
-                found.append(record)
+            while start >= 0:  # `print` writes the newline separately: two ranks' records may share a line
+                try:
+                    record, length = decoder.raw_decode(line[start:])
+                except ValueError:
+                    start = line.find('{"event"', start + 1)
+                    continue
+                if record.get("event") == name:
+                    found.append(record)
+                start = line.find('{"event"', start + length)
         return found
 
     @property
