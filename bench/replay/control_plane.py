@@ -1,7 +1,7 @@
 """The `gpujobs` row: the real control plane, replayed against spot traces at simulated time.
 
 Nothing of the control plane's policy is written here. The service layer (`JobService`,
-`Reactions`, `Reconciler`, `Reports`) runs on the in-memory fakes of `gpujobs.adapters.memory` and
+`Reactions`, `Reconciler`, `Reports`) runs on the in-memory fakes of `gpujobs_fakes.memory` and
 an injected clock (`stack.Stack`), and this module plays only what lies on the other side of its
 ports:
 
@@ -37,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from gpujobs.adapters.memory import FixedClock
 from gpujobs.contract import ExitCode
 from gpujobs.domain.effects import Outcome
 from gpujobs.domain.job import Job
@@ -46,6 +45,8 @@ from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import CapacityError, LaunchRequest, Subnet
+from gpujobs.service.repairs import Repair
+from gpujobs_fakes.memory import FixedClock
 
 from .model import Gang, Ledger, Params, Result
 from .stack import Stack, spec_for
@@ -138,7 +139,7 @@ class ControlPlaneReplay:
 
     def _reconcile(self) -> None:
         report = self.stack.reconciler.run()
-        if report.repairs["errors"]:
+        if report.repairs[Repair.ERRORS]:
             raise ReplayError(f"the reconciler failed at {self.now:.0f} s: {dict(report.repairs)}")
         self.at(self.now + RECONCILE_EVERY_S, self._reconcile)
 

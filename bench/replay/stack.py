@@ -1,7 +1,7 @@
 """The control plane as a deployed stack wires it, on the in-memory fakes: what the `gpujobs` row runs.
 
 `runtime/bootstrap.py` wires the same services to boto3 clients for the Lambda handlers; here
-every port is the fake of `gpujobs.adapters.memory`, the clock is injected and nothing sleeps (a
+`gpujobs_fakes.wiring` wires them over the fakes of `gpujobs_fakes.memory`: the clock is injected and nothing sleeps (a
 lost race's backoff included). EC2 is the `FakeCompute` with one subnet per trace file; whoever
 builds the stack says, through `refuse`, when a launch finds no room.
 """
@@ -13,25 +13,21 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpujobs.adapters.memory import (
+from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.ports import Backoff, LaunchRequest, Subnet
+from gpujobs.service.reactions import Reactions
+from gpujobs.service.reconcile import Reconciler
+from gpujobs.service.reports import Reports
+from gpujobs_fakes.memory import (
     FakeCompute,
     FixedClock,
-    FixedReportKeys,
     InMemoryBlobStore,
-    InMemoryBudgetBook,
-    InMemoryIdleAlarms,
     InMemoryJobStore,
     RecordingPublisher,
     RecordingSignaller,
     TablePrices,
 )
-from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
-from gpujobs.service.changes import Backoff
-from gpujobs.service.jobs import JobService, LaunchConfig
-from gpujobs.service.ports import LaunchRequest, Subnet
-from gpujobs.service.reactions import Reactions
-from gpujobs.service.reconcile import Reconciler
-from gpujobs.service.reports import Reports
+from gpujobs_fakes.wiring import fake_ports, wire
 
 from .model import Params
 
@@ -65,10 +61,6 @@ def spec_for(params: Params) -> dict[str, object]:
     return spec
 
 
-def json_user_data(doc: RunDocument | RunDocumentPointer) -> str:
-    return doc.model_dump_json()
-
-
 @dataclass(frozen=True)
 class Stack:
     """The services the Lambda handlers call, and the fakes behind them that the replay plays."""
@@ -96,40 +88,37 @@ class Stack:
         compute = FakeCompute(subnet_list=list(subnets), clock=clock, on_run=refuse)
         store, publisher, signaller = InMemoryJobStore(), RecordingPublisher(), RecordingSignaller()
         rng = random.Random(seed)
-        service = JobService(
+        ports = fake_ports(
             store=store,
             compute=compute,
             publisher=publisher,
             blobs=InMemoryBlobStore(bucket=BUCKET),
             clock=clock,
-            config=LaunchConfig(
-                checkpoint_bucket=BUCKET,
-                event_bus_name="goodput-bench",
-                region="us-east-1",
-                allowed_instance_types=(params.instance_type,),
+            signaller=signaller,
+            prices=TablePrices(
+                {
+                    (params.instance_type, "spot"): params.spot_usd_per_hour,
+                    (params.instance_type, "on-demand"): params.on_demand_usd_per_hour,
+                }
             ),
-            render_user_data=json_user_data,
-            budgets=InMemoryBudgetBook(),
-            alarms=InMemoryIdleAlarms(),
-            report_keys=FixedReportKeys(),
             jitter=rng.random,
             backoff=Backoff(sleep=lambda _seconds: None, jitter=rng.random),
         )
-        reactions = Reactions(jobs=service, signaller=signaller)
-        prices = TablePrices(
-            {
-                (params.instance_type, "spot"): params.spot_usd_per_hour,
-                (params.instance_type, "on-demand"): params.on_demand_usd_per_hour,
-            }
+        config = LaunchConfig(
+            checkpoint_bucket=BUCKET,
+            event_bus_name="goodput-bench",
+            region="us-east-1",
+            allowed_instance_types=(params.instance_type,),
         )
+        services = wire(ports, config)
         return cls(
             clock=clock,
             compute=compute,
             store=store,
             publisher=publisher,
             signaller=signaller,
-            service=service,
-            reactions=reactions,
-            reconciler=Reconciler(reactions=reactions, prices=prices),
-            reports=Reports(reactions=reactions, keys=FixedReportKeys()),
+            service=services.jobs,
+            reactions=services.reactions,
+            reconciler=services.reconciler,
+            reports=services.reports,
         )

@@ -23,14 +23,12 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # Launch work stops short of the function's own timeout, so the repairs are never the work cut off.
     deadline = datetime.now(UTC) + timedelta(milliseconds=context.get_remaining_time_in_millis())
     result = reconciler().run(deadline=deadline)
+    repairs = {what.value: count for what, count in result.repairs.items()}
     logger.info(
-        "reconciled",
-        extra={"active_jobs": result.active_jobs, "live_instances": result.live_instances, **result.repairs},
+        "reconciled", extra={"active_jobs": result.active_jobs, "live_instances": result.live_instances, **repairs}
     )
     metrics.add_metric(name="ActiveJobs", unit=MetricUnit.Count, value=result.active_jobs)
     count_jobs_by_state(result.jobs_by_state, [state.value for state in ACTIVE_STATES])
     for what, count in result.repairs.items():
-        metrics.add_metric(
-            name="Repairs" + "".join(w.title() for w in what.split()), unit=MetricUnit.Count, value=count
-        )
-    return {"active_jobs": result.active_jobs, "live_instances": result.live_instances, "repairs": dict(result.repairs)}
+        metrics.add_metric(name=what.metric_name, unit=MetricUnit.Count, value=count)
+    return {"active_jobs": result.active_jobs, "live_instances": result.live_instances, "repairs": repairs}

@@ -319,6 +319,7 @@ class LocalCloud:
         # the default session on two threads at once is not safe in botocore).
         for wire in (bootstrap.job_service, bootstrap.reactions, bootstrap.reconciler, bootstrap.budget_reactions):
             wire()
+        bootstrap.make_every_client()
         # It holds this run's credentials: readable by the user only, from its creation on.
         env_sh = os.open(self.workdir / "env.sh", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(env_sh, "w", encoding="utf-8") as handle:

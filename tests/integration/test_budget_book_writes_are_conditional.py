@@ -16,9 +16,9 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.budgets import DynamoBudgetBook
-from gpujobs.adapters.memory import InMemoryBudgetBook
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.service.ports import BudgetBook
+from gpujobs_fakes.memory import InMemoryBudgetBook
 from gpujobs_local.template import table_definition
 
 pytestmark = pytest.mark.integration

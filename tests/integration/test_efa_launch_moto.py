@@ -36,19 +36,21 @@ def test_a_p4d_gang_asks_for_four_efa_interfaces_and_keeps_its_placement_group_a
     ec2 = boto3.client("ec2", region_name=REGION)
     sent: list[dict[str, Any]] = []
     ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params))
-    world.service.compute = Ec2Compute(
-        client=ec2,
-        launch_template_id=stack.launch_template,
-        security_group_id=stack.security_group,
-        subnet_ids=stack.subnets,
-        stack_name=stack.stack_name,
-    )
-    world.service.config = LaunchConfig(
-        checkpoint_bucket="ckpt-bucket",
-        event_bus_name="gpujobs-jobs",
-        region=REGION,
-        allowed_instance_types=ALLOWED,
-        hardware=packaged_hardware(),
+    world.rewire(
+        compute=Ec2Compute(
+            client=ec2,
+            launch_template_id=stack.launch_template,
+            security_group_id=stack.security_group,
+            subnet_ids=stack.subnets,
+            stack_name=stack.stack_name,
+        ),
+        config=LaunchConfig(
+            checkpoint_bucket="ckpt-bucket",
+            event_bus_name="gpujobs-jobs",
+            region=REGION,
+            allowed_instance_types=ALLOWED,
+            hardware=packaged_hardware(),
+        ),
     )
 
     # when a two-node p4d.24xlarge job is submitted
@@ -87,15 +89,15 @@ def test_a_single_node_g5_job_launches_with_one_plain_interface_as_before(stack:
     ec2 = boto3.client("ec2", region_name=REGION)
     sent: list[dict[str, Any]] = []
     ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params))
-    world.service.compute = Ec2Compute(
-        client=ec2,
-        launch_template_id=stack.launch_template,
-        security_group_id=stack.security_group,
-        subnet_ids=stack.subnets,
-        stack_name=stack.stack_name,
-    )
-    world.service.config = LaunchConfig(
-        checkpoint_bucket="b", event_bus_name="bus", region=REGION, hardware=packaged_hardware()
+    world.rewire(
+        compute=Ec2Compute(
+            client=ec2,
+            launch_template_id=stack.launch_template,
+            security_group_id=stack.security_group,
+            subnet_ids=stack.subnets,
+            stack_name=stack.stack_name,
+        ),
+        config=LaunchConfig(checkpoint_bucket="b", event_bus_name="bus", region=REGION, hardware=packaged_hardware()),
     )
 
     job = world.store.get(world.submit(spec(instance_types=["g5.xlarge"])).job.job_id)

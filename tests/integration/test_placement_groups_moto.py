@@ -13,6 +13,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
 
 from gpujobs.adapters.ec2 import Ec2Compute
+from gpujobs.domain.reports import ExitReport
 from gpujobs.domain.states import JobState
 from gpujobs_local.stack import REGION, MotoStack
 from tests.service.conftest import World, spec
@@ -48,14 +49,14 @@ def test_600_multi_node_jobs_in_a_row_leave_no_placement_group_behind(stack: Mot
         subnet_ids=stack.subnets,
         stack_name=stack.stack_name,
     )
-    world.service.compute = compute
+    world.rewire(compute=compute)
     states = []
 
     for n in range(JOBS):
         job = world.store.get(world.submit(spec(nodes=2), message_id=f"m-{n}").job.job_id)
         assert job.state is JobState.RUNNING, job.status_detail
         for rank in range(2):
-            world.reactions.job_exited(job_id=job.job_id, attempt=1, exit_code=0, node_rank=rank)
+            world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, exit_code=0, node_rank=rank))
         compute.terminate(list(job.instance_ids))  # the nodes shut down once their trainers exit
         states.append(world.store.get(job.job_id).state)
         if n % RECONCILE_EVERY == RECONCILE_EVERY - 1:

@@ -20,8 +20,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from gpujobs.domain.launching import LAUNCH_LEASE
 from gpujobs.runtime.observability import RECORD_TOO_LARGE_METRIC
-from gpujobs.service.jobs import LAUNCH_LEASE
 from gpujobs_local.template import (
     TEMPLATE_PATH,
     as_list,

@@ -20,14 +20,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
-from gpujobs.adapters.memory import FixedClock
 from gpujobs.contract import UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, LaunchRequest
+from gpujobs_fakes.memory import FixedClock
 from tests.service.conftest import World
 from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
 
@@ -57,7 +58,7 @@ def item_bytes(job: Job) -> int:
 
 def is_fake(value: object) -> bool:
     """A port implemented by the in-memory fakes (the clock is time itself, never faulted)."""
-    return type(value).__module__ == "gpujobs.adapters.memory" and not isinstance(value, FixedClock)
+    return type(value).__module__ == "gpujobs_fakes.memory" and not isinstance(value, FixedClock)
 
 
 @dataclass
@@ -91,11 +92,12 @@ class SimulatedCloud:
         world = self.world
         world.clock.current = START
         self.last_reconcile = START
-        for holder in (world.service, world.reactions, world.reconciler):
-            wrap_ports(holder, self.plan, is_port=is_fake)
-        world.reconciler.budget_has_room = lambda _policy: self.budget_has_room
+        world.rewire(
+            **wrap_ports(world.ports, self.plan, is_port=is_fake),
+            budget_has_room=lambda _policy: self.budget_has_room,
+        )
         world.compute.on_run = self._refuse_with_ec2_message
-        self.budgets = BudgetReactions(reactions=world.reactions, stack_name="chaos")
+        self.budgets = BudgetReactions(ports=world.ports, reactions=world.reactions, stack_name="chaos")
 
     @property
     def now(self) -> datetime:
@@ -137,11 +139,11 @@ class SimulatedCloud:
             "warning": reactions.spot_warning,
             "rebalance": reactions.rebalance,
             "idle": reactions.idle_alarm,
-            "heartbeat": lambda j, a, s: reactions.heartbeat(job_id=j, attempt=a, step=s),
-            "checkpoint": lambda j, a, s: reactions.checkpoint_committed(
-                job_id=j, attempt=a, step=s, uri=f"s3://ckpt/{j}/step-{s:08d}"
+            "heartbeat": lambda j, a, s: reactions.report(HeartbeatReport(job_id=j, attempt=a, step=s)),
+            "checkpoint": lambda j, a, s: reactions.report(
+                CheckpointReport(job_id=j, attempt=a, step=s, uri=f"s3://ckpt/{j}/step-{s:08d}")
             ),
-            "exit": lambda j, a, i, c: reactions.job_exited(job_id=j, attempt=a, instance_id=i, exit_code=c),
+            "exit": lambda j, a, i, c: reactions.report(ExitReport(job_id=j, attempt=a, instance_id=i, exit_code=c)),
         }
         return handlers[event.kind](*event.args)
 

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from gpujobs.adapters.memory import (
+from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+from gpujobs.service.jobs import LaunchConfig
+from gpujobs_fakes.memory import (
     FakeCompute,
     FixedClock,
-    FixedReportKeys,
     InMemoryBlobStore,
     InMemoryBudgetBook,
     InMemoryIdleAlarms,
@@ -18,16 +19,14 @@ from gpujobs.adapters.memory import (
     RecordingSignaller,
     TablePrices,
 )
-from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
-from gpujobs.service.jobs import JobService, LaunchConfig
-from gpujobs.service.reactions import Reactions
-from gpujobs.service.reconcile import Reconciler
+from gpujobs_fakes.wiring import Services, fake_ports, json_user_data, rewired, wire
 
 ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
+CONFIG = LaunchConfig(
+    checkpoint_bucket="ckpt-bucket", event_bus_name="gpujobs-jobs", region="us-east-1", allowed_instance_types=ALLOWED
+)
 
-
-def json_user_data(doc: RunDocument | RunDocumentPointer) -> str:
-    return doc.model_dump_json()
+__all__ = ["ALLOWED", "World", "json_user_data", "spec"]
 
 
 class World:
@@ -35,36 +34,41 @@ class World:
 
     def __init__(self, renderer: Callable[[RunDocument | RunDocumentPointer], str | bytes] = json_user_data) -> None:
         self.store = InMemoryJobStore()
-        self.compute = FakeCompute()
+        self.clock = FixedClock()
+        self.compute = FakeCompute(clock=self.clock)
         self.publisher = RecordingPublisher()
         self.blobs = InMemoryBlobStore()
-        self.clock = FixedClock()
-        self.compute.clock = self.clock
         self.budgets = InMemoryBudgetBook()
         self.alarms = InMemoryIdleAlarms()
         self.signaller = RecordingSignaller()
-        self.service = JobService(
+        self.prices = TablePrices({("g5.xlarge", "spot"): 0.5, ("g5.xlarge", "on-demand"): 1.0})
+        ports = fake_ports(
             store=self.store,
+            clock=self.clock,
             compute=self.compute,
             publisher=self.publisher,
             blobs=self.blobs,
-            clock=self.clock,
-            config=LaunchConfig(
-                checkpoint_bucket="ckpt-bucket",
-                event_bus_name="gpujobs-jobs",
-                region="us-east-1",
-                allowed_instance_types=ALLOWED,
-            ),
-            render_user_data=renderer,
             budgets=self.budgets,
             alarms=self.alarms,
-            report_keys=FixedReportKeys(),
-            jitter=lambda: 0.5,
+            signaller=self.signaller,
+            prices=self.prices,
+            render_user_data=renderer,
         )
+        self._use(wire(ports, CONFIG))
 
-        self.reactions = Reactions(jobs=self.service, signaller=self.signaller)
-        self.prices = TablePrices({("g5.xlarge", "spot"): 0.5, ("g5.xlarge", "on-demand"): 1.0})
-        self.reconciler = Reconciler(reactions=self.reactions, prices=self.prices)
+    def _use(self, services: Services) -> None:
+        self.services = services
+        self.ports = services.ports
+        self.service = services.jobs
+        self.reactions = services.reactions
+        self.reconciler = services.reconciler
+        self.reports = services.reports
+        self.budget_reactions = services.budgets
+
+    def rewire(self, *, config: LaunchConfig | None = None, **ports: Any) -> World:
+        """The same fakes and records, with some ports (or the launch configuration) replaced."""
+        self._use(rewired(self.services, config=config, **ports))
+        return self
 
     def submit(self, spec: dict[str, Any], *, message_id: str = "msg-1") -> Any:
         return self.service.handle_message(json.dumps(spec), message_id=message_id)

@@ -90,17 +90,17 @@ class FaultyPort:
         return guarded
 
 
-def wrap_ports(holder: object, plan: FaultPlan, *, is_port: Callable[[object], bool]) -> dict[str, object]:
-    """Replace every dataclass field of `holder` that `is_port` accepts by a FaultyPort around it.
+def wrap_ports(ports: object, plan: FaultPlan, *, is_port: Callable[[object], bool]) -> dict[str, object]:
+    """A FaultyPort around every field of `ports` (the services' one `Ports`) that `is_port` accepts.
 
-    Returns the wrapped ports by field name, so a test can choose which calls to fail without
-    knowing in advance which ports the service has (new ports are wrapped as they are added).
+    Returns them by field name, to wire in place of the originals (`World.rewire(**wrapped)`), so a
+    test can choose which calls to fail without knowing in advance which ports the services have
+    (new ports are wrapped as they are added).
     """
     wrapped: dict[str, object] = {}
-    for spec in dataclasses.fields(holder):  # type: ignore[arg-type]
-        value = getattr(holder, spec.name)
+    for spec in dataclasses.fields(ports):  # type: ignore[arg-type]
+        value = getattr(ports, spec.name)
         if isinstance(value, FaultyPort) or not is_port(value):
             continue
-        setattr(holder, spec.name, FaultyPort(spec.name, value, plan))
-        wrapped[spec.name] = value
+        wrapped[spec.name] = FaultyPort(spec.name, value, plan)
     return wrapped

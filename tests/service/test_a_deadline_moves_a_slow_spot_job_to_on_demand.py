@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from gpujobs.domain.job import Market
+from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World, spec
 
@@ -19,17 +20,17 @@ def test_a_spot_attempt_without_slack_left_moves_to_on_demand(world: World) -> N
     spot = world.store.get(job.job_id).current_attempt
     assert spot is not None
     assert spot.market is Market.SPOT  # 3.35 h of slack at submission: spot only
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=100)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=100))
 
     # After 3 h it is still at step 200 (4 h of work left, 7 h to go): 2.35 h of slack, it stays.
     world.clock.advance(seconds=3 * 3600)
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=200)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=200))
     world.reconciler.run()
     assert world.store.get(job.job_id).current_attempt == world.store.get(job.job_id).attempt(1)
 
     # After 6 h, step 250: 3.5 h of work left and 4 h to go leave less than a changeover.
     world.clock.advance(seconds=3 * 3600)
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=250)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=250))
     report = world.reconciler.run()
 
     assert report.repairs["deadline market moves"] == 1

@@ -14,13 +14,14 @@ from datetime import timedelta
 import pytest
 
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
-from gpujobs.adapters.memory import FakeCompute
 from gpujobs.domain.cost import billed_pools, cost_of, runtime_of
 from gpujobs.domain.job import MAX_DETAIL_CHARS, Job
 from gpujobs.domain.ladder import next_try_delay
+from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
 from gpujobs.service.jobs import LaunchConfig
 from gpujobs.service.ports import JobRecordTooLargeError, Subnet
+from gpujobs_fakes.memory import FakeCompute
 from tests.service.conftest import World, spec
 
 FAR_UNDER = MAX_ITEM_BYTES // 4
@@ -64,12 +65,14 @@ def p5_world() -> World:
     world.compute.refuse = {
         (t, z, m): "InsufficientInstanceCapacity" for t in P5_TYPES for z in ZONES for m in ("spot", "on-demand")
     }
-    world.service.compute = world.compute
-    world.service.config = LaunchConfig(
-        checkpoint_bucket="ckpt-bucket",
-        event_bus_name="gpujobs-jobs",
-        region="us-east-1",
-        allowed_instance_types=P5_TYPES,
+    world.rewire(
+        compute=world.compute,
+        config=LaunchConfig(
+            checkpoint_bucket="ckpt-bucket",
+            event_bus_name="gpujobs-jobs",
+            region="us-east-1",
+            allowed_instance_types=P5_TYPES,
+        ),
     )
     return world
 
@@ -144,12 +147,12 @@ def test_a_job_interrupted_100_times_keeps_a_bounded_record_and_still_counts_its
 
 def test_a_64_node_gang_heartbeating_for_a_week_keeps_the_size_it_had_on_day_one(world: World) -> None:
     job_id = world.submit(spec(nodes=64, instance_types=["p4d.24xlarge"], gpus_per_node=8)).job.job_id
-    world.reactions.heartbeat(job_id=job_id, attempt=1, step=1)
+    world.reactions.report(HeartbeatReport(job_id=job_id, attempt=1, step=1))
     day_one = size_of(world.store.get(job_id))
 
     for step in range(2, 7 * 24 * 12):  # every five minutes for a week
         world.clock.advance(minutes=5)
-        world.reactions.heartbeat(job_id=job_id, attempt=1, step=step)
+        world.reactions.report(HeartbeatReport(job_id=job_id, attempt=1, step=step))
 
     job = world.store.get(job_id)
     assert job.state is JobState.RUNNING

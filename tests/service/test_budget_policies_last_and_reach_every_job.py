@@ -8,16 +8,16 @@ breach stops a job that was still launching when the alert came, once it runs.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from gpujobs.adapters.memory import InMemoryBudgetBook
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
+from gpujobs.domain.reports import CheckpointReport
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import LaunchRequest
-from gpujobs.service.reactions import Reactions
+from gpujobs_fakes.memory import InMemoryBudgetBook
+from gpujobs_fakes.wiring import rewired
 from tests.service.conftest import World, spec
 
 ACTUAL_VISION = (
@@ -30,13 +30,13 @@ ACTUAL_VISION = (
 
 
 def budget_function(world: World) -> BudgetReactions:
-    return BudgetReactions(reactions=world.reactions, stack_name="gpujobs")
+    return world.budget_reactions
 
 
 def test_spot_only_after_a_forecast_lasts_until_the_period_rolls_over_even_when_the_budget_has_room(
     world: World,
 ) -> None:
-    world.reconciler.budget_has_room = lambda _policy: True
+    world.rewire(budget_has_room=lambda _policy: True)
     budget_function(world).apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
 
     report = world.reconciler.run()
@@ -50,7 +50,7 @@ def test_spot_only_after_a_forecast_lasts_until_the_period_rolls_over_even_when_
 
 def test_a_hold_is_lifted_early_once_the_budget_has_room_and_its_jobs_launch(world: World) -> None:
     room = False
-    world.reconciler.budget_has_room = lambda _policy: room
+    world.rewire(budget_has_room=lambda _policy: room)
     budget_function(world).apply("vision", BudgetMode.HOLD, "ACTUAL $120 > $100")
     job = world.submit(spec(team="vision")).job
     assert job.state is JobState.QUEUED
@@ -111,8 +111,7 @@ class BookRacedByAHold:
 def test_a_late_forecast_never_downgrades_a_hold_even_when_two_budget_functions_race(world: World) -> None:
     actual = budget_function(world)
     racing = BookRacedByAHold(world.budgets, lambda: actual.apply("vision", BudgetMode.HOLD, "ACTUAL $120 > $100"))
-    forecast_jobs = dataclasses.replace(world.service, budgets=racing)
-    forecast = BudgetReactions(reactions=Reactions(jobs=forecast_jobs, signaller=world.signaller), stack_name="gpujobs")
+    forecast = rewired(world.services, budgets=racing).budgets
 
     reaction = forecast.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
 
@@ -144,7 +143,7 @@ def test_an_actual_breach_stops_a_job_that_was_launching_when_the_alert_came(wor
     assert request.reason is Reason.BUDGET_EXCEEDED
     assert report.repairs["budget holds enforced"] == 1
     assert world.store.get(other_team.job_id).stop_request is None
-    world.reactions.checkpoint_committed(job_id=launching.job_id, attempt=1, step=300, uri="s3://b/step-300")
+    world.reactions.report(CheckpointReport(job_id=launching.job_id, attempt=1, step=300, uri="s3://b/step-300"))
     assert iid in world.compute.terminated  # spot: terminated once the checkpoint is safe
     world.reactions.instance_state(iid, "terminated")
     stopped = world.store.get(launching.job_id)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpujobs.adapters.memory import TablePrices
 from gpujobs.domain.states import JobState, Reason
+from gpujobs_fakes.memory import TablePrices
 from tests.service.conftest import World, spec
 
 
 def test_a_job_on_a_type_missing_from_the_price_table_is_stopped_at_its_familys_highest_price(world: World) -> None:
-    world.reconciler.prices = TablePrices(
-        {("g5.xlarge", "on-demand"): 1.0, ("g6.2xlarge", "on-demand"): 2.0, ("p4d.24xlarge", "on-demand"): 21.96}
+    world.rewire(
+        prices=TablePrices(
+            {("g5.xlarge", "on-demand"): 1.0, ("g6.2xlarge", "on-demand"): 2.0, ("p4d.24xlarge", "on-demand"): 21.96}
+        )
     )
     job = world.submit(spec(instance_types=["g6.xlarge"], capacity="on-demand", max_cost_usd=3.0)).job
     assert job.state is JobState.RUNNING
@@ -34,7 +36,7 @@ def test_a_job_on_a_type_missing_from_the_price_table_is_stopped_at_its_familys_
 
 
 def test_a_cost_cap_over_a_type_without_a_known_price_is_rejected_at_submit(world: World) -> None:
-    world.service.config = dataclasses.replace(world.service.config, priced_instance_types=frozenset({"g5.xlarge"}))
+    world.rewire(config=dataclasses.replace(world.service.config, priced_instance_types=frozenset({"g5.xlarge"})))
 
     rejected = world.submit(spec(instance_types=["g5.xlarge", "g6.xlarge"], max_cost_usd=50.0), message_id="m-1").job
     uncapped = world.submit(spec(instance_types=["g5.xlarge", "g6.xlarge"]), message_id="m-2").job

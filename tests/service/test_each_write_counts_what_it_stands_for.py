@@ -6,11 +6,11 @@ fails the write."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from gpujobs.domain.job_metrics import CAPACITY_REFUSALS, LAUNCHES, TEAM_COST, JobMetric
+from gpujobs.domain.reports import ExitReport
 from gpujobs.domain.states import JobState
-from gpujobs.service.changes import WriteCounter
+from gpujobs_fakes.memory import TablePrices
 from tests.service.conftest import World, spec
 
 
@@ -28,9 +28,8 @@ class BrokenMetrics:
 
 
 def counted(world: World, recorder: object) -> World:
-    world.service = replace(world.service, written=WriteCounter(recorder, {"g5.xlarge": 1.0, "g6.xlarge": 0.8}))  # type: ignore[arg-type]
-    world.reactions.jobs = world.service
-    return world
+    prices = TablePrices({("g5.xlarge", "spot"): 0.5, ("g5.xlarge", "on-demand"): 1.0, ("g6.xlarge", "on-demand"): 0.8})
+    return world.rewire(metrics=recorder, prices=prices)
 
 
 def test_a_launch_counts_the_refused_pools_and_the_one_that_launched(world: World) -> None:
@@ -56,7 +55,7 @@ def test_the_end_of_a_job_counts_its_cost_for_its_team(world: World) -> None:
     (instance,) = job.instance_ids
 
     world.clock.advance(hours=2)
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, exit_code=0, instance_id=instance)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, exit_code=0, instance_id=instance))
 
     assert world.store.get(job.job_id).state is JobState.SUCCEEDED
     [cost] = [m for m in metrics.recorded if m.name == TEAM_COST]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.reports import CheckpointReport, ExitReport
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World, spec
 
@@ -40,7 +41,7 @@ def test_a_policy_stop_is_carried_out_even_if_its_terminate_or_stop_fails_once(
 
     # when the checkpoint arrives but the call that takes the instances fails
     world.compute.faults.fail_next(call)
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=7, uri="s3://b/step-7")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=7, uri="s3://b/step-7"))
     assert world.compute.instances[iid].state == "running"
 
     # then the reconciler's next tick issues it again, from the record
@@ -74,7 +75,7 @@ def test_a_lost_stopped_event_is_repaired_and_the_stopped_instances_are_kept(wor
     job = running(world, capacity="on-demand")
     iid = only_instance(world, job)
     world.reactions.idle_alarm(iid)
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=5, uri="s3://b/step-5")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=5, uri="s3://b/step-5"))
     assert world.compute.instances[iid].state == "stopped"  # ... and the `stopped` event never comes
 
     world.reconciler.run()
@@ -111,7 +112,7 @@ def test_the_alarms_of_a_finished_job_are_deleted_even_if_the_first_delete_fails
     iid = only_instance(world, job)
     world.alarms.faults.fail_next("delete")
 
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0))
     assert world.store.get(job.job_id).state is JobState.SUCCEEDED
     assert iid in world.alarms.alarms
 

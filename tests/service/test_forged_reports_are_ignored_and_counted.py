@@ -41,7 +41,7 @@ def as_sent(report: Report, key: bytes, world: World) -> SignedReport:
 
 
 def reports(world: World) -> Reports:
-    return Reports(reactions=world.reactions, keys=world.service.report_keys)
+    return world.reports
 
 
 def test_a_job_exit_forged_with_the_attackers_own_key_neither_fails_nor_succeeds_the_victim(world: World) -> None:

@@ -15,9 +15,10 @@ import pytest
 
 from gpujobs.domain.job import Attempt, Market
 from gpujobs.domain.ladder import SubnetZone, plan_ladder
+from gpujobs.domain.launching import LAUNCH_LEASE
+from gpujobs.domain.reports import CheckpointReport
 from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState
-from gpujobs.service.jobs import LAUNCH_LEASE
 from gpujobs.service.ports import LaunchedInstance
 from tests.service.conftest import ALLOWED, World, spec
 
@@ -66,7 +67,7 @@ def test_each_pool_gets_its_own_token_whatever_its_place_in_the_ladder_and_token
 def test_a_takeover_whose_token_ec2_remembers_with_other_parameters_adopts_the_gang_it_launched(world: World) -> None:
     job_id = crash_after_run_instances(world, spec(nodes=2), message_id="m-1")
     gang = {f.instance.instance_id for f in world.compute.live()}
-    world.reactions.checkpoint_committed(job_id=job_id, attempt=1, step=100, uri="s3://ckpt-bucket/step-100")
+    world.reactions.report(CheckpointReport(job_id=job_id, attempt=1, step=100, uri="s3://ckpt-bucket/step-100"))
     # DescribeInstances is eventually consistent: the takeover's first look misses the new gang.
     looks: list[int] = []
     find = world.compute.find_instances
@@ -87,7 +88,7 @@ def test_a_takeover_whose_token_ec2_remembers_with_other_parameters_adopts_the_g
 def test_a_token_mismatch_with_the_gang_gone_moves_on_to_the_next_rung_instead_of_failing(world: World) -> None:
     job_id = crash_after_run_instances(world, spec(), message_id="m-1")
     first = world.compute.calls[-1]
-    world.reactions.checkpoint_committed(job_id=job_id, attempt=1, step=100, uri="s3://ckpt-bucket/step-100")
+    world.reactions.report(CheckpointReport(job_id=job_id, attempt=1, step=100, uri="s3://ckpt-bucket/step-100"))
     world.compute.terminate([f.instance.instance_id for f in world.compute.live()])  # reclaimed at once
 
     world.clock.current += LAUNCH_LEASE + timedelta(minutes=1)

@@ -15,8 +15,8 @@ import pytest
 
 from gpujobs.domain.fate import REPORT_GRACE
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
+from gpujobs.domain.launching import LAUNCH_LEASE
 from gpujobs.domain.states import JobState
-from gpujobs.service.jobs import LAUNCH_LEASE
 from tests.service.conftest import World, spec
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
 from tests.service.conftest import World, spec
 
@@ -25,7 +26,7 @@ def test_the_run_document_carries_the_settings_the_job_changed(world: World) -> 
 def test_a_job_with_a_longer_overdue_limit_is_not_taken_for_hung_before_it(world: World) -> None:
     job = running(world, trainer={"heartbeat_overdue_minutes": 45})
     (iid,) = world.store.get(job.job_id).instance_ids
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=10))
 
     world.clock.advance(minutes=16)  # past the default limit of 15 minutes
     assert world.reconciler.run().repairs["hung attempts terminated"] == 0
@@ -39,11 +40,11 @@ def test_a_job_with_a_longer_overdue_limit_is_not_taken_for_hung_before_it(world
 def test_heartbeats_at_the_same_step_keep_a_long_evaluation_alive(world: World) -> None:
     job = running(world)
     (iid,) = world.store.get(job.job_id).instance_ids
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=10))
 
     for _ in range(4):  # 40 minutes inside run.busy(): the keep-alive repeats step 10
         world.clock.advance(minutes=10)
-        world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+        world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=10))
         world.reconciler.run()
 
     assert iid not in world.compute.terminated

@@ -10,6 +10,7 @@ delete one an instance still uses, as EC2 does.
 from __future__ import annotations
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.reports import ExitReport
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import PlacementGroup
 from tests.service.conftest import World, spec
@@ -17,7 +18,7 @@ from tests.service.conftest import World, spec
 
 def finish(world: World, job: Job) -> None:
     for rank in range(len(job.instance_ids)):
-        world.reactions.job_exited(job_id=job.job_id, attempt=1, exit_code=0, node_rank=rank)
+        world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, exit_code=0, node_rank=rank))
 
 
 def test_a_finished_gangs_group_is_deleted_by_the_reconciler_once_its_instances_are_gone(world: World) -> None:

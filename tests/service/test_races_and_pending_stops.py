@@ -9,9 +9,9 @@ import time
 import pytest
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.changes import Backoff
-from gpujobs.service.ports import ConcurrentUpdateError, LaunchRequest
+from gpujobs.service.ports import Backoff, ConcurrentUpdateError, LaunchRequest
 from tests.service.conftest import World, spec
 
 POLICY_STOPS = [Reason.IDLE, Reason.BUDGET_EXCEEDED, Reason.MAX_RUNTIME, Reason.MAX_COST]
@@ -56,7 +56,7 @@ def test_a_crash_during_a_pending_stop_ends_the_job_stopped_with_that_reason(wor
     nodes = world.store.get(job.job_id).instance_ids
     world.reactions.request_stop(job.job_id, reason, detail=f"policy: {reason.value}")
 
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=nodes[0], exit_code=1)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=nodes[0], exit_code=1))
     assert nodes[1] in world.compute.terminated  # the rest of the gang still goes
     reclaim(world, nodes)
 
@@ -96,9 +96,11 @@ def test_a_launch_that_loses_a_race_to_a_report_is_still_recorded(world: World, 
     def report_during_launch(request: LaunchRequest) -> None:
         world.compute.on_run = None
         if report == "heartbeat":
-            world.reactions.heartbeat(job_id=request.job_id, attempt=request.attempt, step=1)
+            world.reactions.report(HeartbeatReport(job_id=request.job_id, attempt=request.attempt, step=1))
         else:
-            world.reactions.checkpoint_committed(job_id=request.job_id, attempt=request.attempt, step=3, uri="s3://c")
+            world.reactions.report(
+                CheckpointReport(job_id=request.job_id, attempt=request.attempt, step=3, uri="s3://c")
+            )
 
     world.compute.on_run = report_during_launch
 
@@ -114,7 +116,7 @@ def test_a_launch_that_loses_a_race_to_a_report_is_still_recorded(world: World, 
 def test_a_transaction_conflict_is_a_lost_race_retried_with_jitter(world: World) -> None:
     job = running(world)
     pauses: list[float] = []
-    world.service.backoff = Backoff(sleep=pauses.append, jitter=lambda: 0.5)
+    world.rewire(backoff=Backoff(sleep=pauses.append, jitter=lambda: 0.5))
     world.store.faults.fail_next("save", times=3, error=ConcurrentUpdateError(job.job_id, job.version))
 
     cancelled = world.service.cancel(job.job_id)
@@ -135,7 +137,7 @@ def test_a_64_node_gang_whose_nodes_all_exit_0_at_once_succeeds(world: World) ->
     def exit_0(rank: int) -> None:
         start.wait()
         try:
-            world.reactions.job_exited(job_id=job.job_id, attempt=1, node_rank=rank, exit_code=0)
+            world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, node_rank=rank, exit_code=0))
         except BaseException as exc:  # any lost exit report fails the story
             errors.append(exc)
 
@@ -156,7 +158,7 @@ def test_a_64_node_gang_whose_nodes_all_exit_0_at_once_succeeds(world: World) ->
 def test_an_exit_report_that_overtakes_the_launch_record_is_kept_and_counted(world: World) -> None:
     def exit_before_the_record(request: LaunchRequest) -> None:
         world.compute.on_run = None
-        world.reactions.job_exited(job_id=request.job_id, attempt=request.attempt, node_rank=0, exit_code=0)
+        world.reactions.report(ExitReport(job_id=request.job_id, attempt=request.attempt, node_rank=0, exit_code=0))
 
     world.compute.on_run = exit_before_the_record
 

@@ -14,6 +14,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.effects import Outcome
 from gpujobs.domain.fate import PREEMPTED_EXIT_CODE
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World, spec
 
@@ -43,7 +44,7 @@ def reclaim(world: World, instance_ids: tuple[str, ...]) -> None:
 def test_a_spot_warning_checkpoints_and_resumes_on_a_replacement_in_another_pool(world: World) -> None:
     job = running(world)
     (old,) = attempt_instances(world, job.job_id, 1)
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=40)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=40))
 
     # when the two-minute warning arrives
     world.clock.advance(seconds=5)
@@ -66,8 +67,8 @@ def test_a_spot_warning_checkpoints_and_resumes_on_a_replacement_in_another_pool
     ]
 
     # and the old attempt saves step 42, exits "preempted" and is reclaimed
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=42, uri="s3://b/ckpt/step-00000042")
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=old, exit_code=PREEMPTED_EXIT_CODE)
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=42, uri="s3://b/ckpt/step-00000042"))
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=old, exit_code=PREEMPTED_EXIT_CODE))
     reclaim(world, (old,))
     job = world.store.get(job.job_id)
     assert job.checkpoint_step == 42
@@ -77,12 +78,12 @@ def test_a_spot_warning_checkpoints_and_resumes_on_a_replacement_in_another_pool
 
     # the replacement resumes from step 42: its first heartbeat reports the cost of the interruption
     world.clock.advance(seconds=70)
-    beat = world.reactions.heartbeat(job_id=job.job_id, attempt=2, step=43)
+    beat = world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=2, step=43))
     assert beat.metrics == {"SecondsWarningToResumed": 70.0, "StepsLostToInterruption": 0.0}
 
     # and finishes
     (new,) = attempt_instances(world, job.job_id, 2)
-    world.reactions.job_exited(job_id=job.job_id, attempt=2, instance_id=new, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=2, instance_id=new, exit_code=0))
     assert world.store.get(job.job_id).state is JobState.SUCCEEDED
     assert job.interruptions == 1
 
@@ -143,7 +144,7 @@ def test_a_preempted_exit_without_any_warning_event_still_leads_to_a_replacement
     job = running(world)
     (old,) = attempt_instances(world, job.job_id, 1)
 
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=old, exit_code=PREEMPTED_EXIT_CODE)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=old, exit_code=PREEMPTED_EXIT_CODE))
 
     job = world.store.get(job.job_id)
     assert job.interruptions == 1
@@ -169,10 +170,10 @@ def test_a_rebalance_recommendation_checkpoints_without_relaunching(world: World
 
 def test_the_newest_checkpoint_only_moves_forward(world: World) -> None:
     job = running(world)
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=200, uri="s3://b/step-200")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=200, uri="s3://b/step-200"))
 
-    older = world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=100, uri="s3://b/step-100")
-    duplicate = world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=200, uri="s3://b/step-200")
+    older = world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=100, uri="s3://b/step-100"))
+    duplicate = world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=200, uri="s3://b/step-200"))
 
     assert older.ignored
     assert duplicate.ignored
@@ -181,8 +182,10 @@ def test_the_newest_checkpoint_only_moves_forward(world: World) -> None:
 
 
 def test_a_report_for_an_unknown_job_is_ignored(world: World) -> None:
-    assert world.reactions.checkpoint_committed(job_id="j-0000000000000000", attempt=1, step=1, uri="s3://x").ignored
-    assert world.reactions.job_exited(job_id="j-0000000000000000", attempt=1, exit_code=0, node_rank=0).ignored
+    assert world.reactions.report(
+        CheckpointReport(job_id="j-0000000000000000", attempt=1, step=1, uri="s3://x")
+    ).ignored
+    assert world.reactions.report(ExitReport(job_id="j-0000000000000000", attempt=1, exit_code=0, node_rank=0)).ignored
 
 
 # ---- instance fate -----------------------------------------------------------------------------------
@@ -194,9 +197,9 @@ def test_every_node_exiting_0_succeeds_the_job_in_whichever_order_events_arrive(
 
     reclaim(world, nodes)  # the state changes overtake the exit reports
     assert world.store.get(job.job_id).state is JobState.RUNNING
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, node_rank=0, exit_code=0)
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, node_rank=1, exit_code=0)
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, node_rank=1, exit_code=0)  # twice
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, node_rank=0, exit_code=0))
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, node_rank=1, exit_code=0))
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, node_rank=1, exit_code=0))  # twice
 
     done = world.store.get(job.job_id)
     assert done.state is JobState.SUCCEEDED
@@ -207,7 +210,7 @@ def test_a_crash_on_one_node_terminates_the_gang_and_retries_until_max_attempts(
     job = running(world, nodes=2, max_attempts=2)
     first = attempt_instances(world, job.job_id, 1)
 
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=first[1], exit_code=1)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=first[1], exit_code=1))
     assert first[0] in world.compute.terminated  # the surviving node cannot make progress alone
     reclaim(world, first)
     world.clock.advance(seconds=91)
@@ -220,8 +223,8 @@ def test_a_crash_on_one_node_terminates_the_gang_and_retries_until_max_attempts(
     assert retried.current_attempt.number == 2
 
     second = attempt_instances(world, job.job_id, 2)
-    world.reactions.job_exited(job_id=job.job_id, attempt=2, node_rank=0, exit_code=3)
-    world.reactions.job_exited(job_id=job.job_id, attempt=2, node_rank=1, exit_code=3)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=2, node_rank=0, exit_code=3))
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=2, node_rank=1, exit_code=3))
     reclaim(world, second)
 
     failed = world.store.get(job.job_id)
@@ -264,7 +267,7 @@ def test_spot_instances_that_vanish_without_a_report_count_as_an_interruption(wo
 def test_a_state_change_for_a_finished_job_changes_nothing(world: World) -> None:
     job = running(world)
     (iid,) = attempt_instances(world, job.job_id, 1)
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0))
     done = world.store.get(job.job_id)
 
     reclaim(world, (iid,))
@@ -286,7 +289,7 @@ def test_each_gpu_instance_gets_an_idle_alarm_with_the_spec_thresholds(world: Wo
 def test_an_idle_spot_job_is_checkpointed_then_terminated_then_stopped(world: World) -> None:
     job = running(world)
     (iid,) = attempt_instances(world, job.job_id, 1)
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=10, uri="s3://b/step-10")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=10, uri="s3://b/step-10"))
 
     asked = world.reactions.idle_alarm(iid)
 
@@ -295,7 +298,7 @@ def test_an_idle_spot_job_is_checkpointed_then_terminated_then_stopped(world: Wo
     assert world.signaller.signals[-1] == ((iid,), f"gpujobs-{job.job_id}-a1")
     assert world.compute.terminated == []  # nothing goes before the checkpoint is safe
 
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=11, uri="s3://b/step-11")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=11, uri="s3://b/step-11"))
     assert world.compute.terminated == [iid]
     reclaim(world, (iid,))
 
@@ -310,7 +313,7 @@ def test_an_idle_on_demand_job_is_stopped_not_terminated(world: World) -> None:
     (iid,) = attempt_instances(world, job.job_id, 1)
 
     world.reactions.idle_alarm(iid)
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=5, uri="s3://b/step-5")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=5, uri="s3://b/step-5"))
     world.reactions.instance_state(iid, "stopped")
 
     assert world.compute.stopped == [iid]
@@ -396,8 +399,8 @@ def test_reports_may_come_from_both_the_trainer_and_the_bootstrap(world: World) 
     job = running(world)
     (iid,) = attempt_instances(world, job.job_id, 1)
 
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, node_rank=0, exit_code=0)
-    second = world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, node_rank=0, exit_code=0))
+    second = world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0))
 
     assert second.ignored
     assert world.store.get(job.job_id).state is JobState.SUCCEEDED
@@ -408,7 +411,7 @@ def test_warning_then_late_success_of_the_reclaimed_attempt_does_not_end_the_rep
     (old,) = attempt_instances(world, job.job_id, 1)
     world.reactions.spot_warning(old)
 
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=old, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=old, exit_code=0))
 
     job = world.store.get(job.job_id)
     assert job.state is JobState.RUNNING
@@ -429,11 +432,10 @@ ACTUAL_TEXT = (
 
 
 def test_an_actual_breach_holds_the_team_and_stops_its_running_jobs_after_a_checkpoint(world: World) -> None:
-    from gpujobs.service.budgeting import BudgetReactions
 
     vision = world.submit(spec(team="vision"), message_id="m-v").job
     other = world.submit(spec(team="speech"), message_id="m-s").job
-    book = BudgetReactions(reactions=world.reactions, stack_name="gpujobs")
+    book = world.budget_reactions
 
     reaction = book.budget_notification(
         subject="AWS Budgets: gpujobs-gpujobs-team-vision has exceeded", message=ACTUAL_TEXT
@@ -450,12 +452,9 @@ def test_an_actual_breach_holds_the_team_and_stops_its_running_jobs_after_a_chec
 
 
 def test_budget_text_that_cannot_be_parsed_is_counted_never_a_breach(world: World) -> None:
-    from gpujobs.service.budgeting import BudgetReactions
 
     running(world)
-    reaction = BudgetReactions(reactions=world.reactions, stack_name="gpujobs").budget_notification(
-        subject="hello", message="Your invoice is ready"
-    )
+    reaction = world.budget_reactions.budget_notification(subject="hello", message="Your invoice is ready")
 
     assert reaction.ignored
     assert reaction.metrics == {"BudgetNotificationsUnparsed": 1}
@@ -463,9 +462,8 @@ def test_budget_text_that_cannot_be_parsed_is_counted_never_a_breach(world: Worl
 
 
 def test_a_milder_alert_keeps_a_hold_within_its_month_and_replaces_it_after(world: World) -> None:
-    from gpujobs.service.budgeting import BudgetReactions
 
-    book = BudgetReactions(reactions=world.reactions, stack_name="gpujobs")
+    book = world.budget_reactions
     book.apply("vision", BudgetMode.HOLD, "ACTUAL $120 > $100")
 
     book.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
@@ -499,9 +497,9 @@ def test_the_replacement_is_told_to_wait_for_the_reclaimed_attempt(world: World)
 def test_a_checkpoint_report_after_the_job_ended_changes_its_state_not_at_all(world: World) -> None:
     job = running(world)
     (iid,) = attempt_instances(world, job.job_id, 1)
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0))
 
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=600, uri="s3://b/step-600")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=600, uri="s3://b/step-600"))
 
     done = world.store.get(job.job_id)
     assert done.state is JobState.SUCCEEDED

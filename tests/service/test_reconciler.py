@@ -8,6 +8,7 @@ from datetime import timedelta
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import LAUNCH_LEASE
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World, spec
 
@@ -38,7 +39,7 @@ def test_a_lost_state_change_is_repaired_and_the_job_relaunched(world: World) ->
 def test_a_lost_exit_report_and_state_change_still_end_a_finished_job(world: World) -> None:
     job = running(world)
     (iid,) = world.store.get(job.job_id).instance_ids
-    world.reactions.job_exited(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0)
+    world.reactions.report(ExitReport(job_id=job.job_id, attempt=1, instance_id=iid, exit_code=0))
 
     assert world.store.get(job.job_id).state is JobState.SUCCEEDED
     world.compute.terminate([iid])
@@ -137,7 +138,7 @@ def test_a_job_past_its_max_runtime_is_checkpointed_then_stopped(world: World) -
     world.reconciler.run()
     assert world.store.get(job.job_id).stop_request is not None
     assert world.signaller.signals[-1][0] == (iid,)
-    world.reactions.checkpoint_committed(job_id=job.job_id, attempt=1, step=900, uri="s3://b/step-900")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=900, uri="s3://b/step-900"))
     world.reactions.instance_state(iid, "terminated")
 
     stopped = world.store.get(job.job_id)
@@ -162,7 +163,7 @@ def test_a_job_past_its_max_cost_is_stopped(world: World) -> None:
 def test_a_hung_trainer_whose_heartbeat_stopped_is_replaced(world: World) -> None:
     job = running(world)
     (iid,) = world.store.get(job.job_id).instance_ids
-    world.reactions.heartbeat(job_id=job.job_id, attempt=1, step=10)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=10))
 
     world.clock.advance(minutes=16)
     report = world.reconciler.run()

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from gpujobs.domain.job import Market
+from gpujobs.domain.launching import LAUNCH_LEASE
 from gpujobs.domain.states import JobState
-from gpujobs.service.jobs import LAUNCH_LEASE
 from gpujobs.service.ports import JobNotFoundError
 from tests.service.conftest import World, spec
 
@@ -262,10 +262,11 @@ def test_a_launch_rejected_for_a_configuration_error_fails_the_job_with_the_reas
 
 def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+    from gpujobs.service.ports import UserDataTooLargeError
 
     def renderer(doc: RunDocument | RunDocumentPointer) -> str:
         if isinstance(doc, RunDocument):
-            raise ValueError("user data too large")
+            raise UserDataTooLargeError(20_000)
         return doc.model_dump_json()
 
     world = World(renderer)
@@ -275,7 +276,7 @@ def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
     key = f"jobs/{job_id}/attempt-1/run.json"
     assert json.loads(world.blobs.objects[key])["env"] == big_env
     # the attempt's report key stays in user data, beside the pointer; the S3 copy never holds it
-    report_key = world.service.report_keys.key_for(job_id=job_id, attempt=1).hex()
+    report_key = world.ports.report_keys.key_for(job_id=job_id, attempt=1).hex()
     assert json.loads(world.compute.calls[0].user_data) == {
         "run_document_uri": f"s3://checkpoints/{key}",
         "run_document_sha256": hashlib.sha256(world.blobs.objects[key].encode()).hexdigest(),

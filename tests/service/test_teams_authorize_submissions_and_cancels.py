@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from gpujobs.adapters.memory import StaticTeamConfig
 from gpujobs.domain.job import job_id_for
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import parse_team_config
 from gpujobs.service.jobs import CancelRefusedError
+from gpujobs_fakes.memory import StaticTeamConfig
 from tests.service.conftest import World, spec
 
 VISION = "AROAVISIONEXAMPLE0001"
@@ -31,8 +31,7 @@ def config() -> StaticTeamConfig:
 
 @pytest.fixture
 def teams(world: World, config: StaticTeamConfig) -> World:
-    world.service.teams = config
-    return world
+    return world.rewire(teams=config)
 
 
 def send(world: World, document: dict[str, object], *, sender: str | None, message_id: str) -> JobState:

@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpujobs.adapters.memory import InMemoryJobStore
 from gpujobs.domain.job import Attempt, Job, Market
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
 from gpujobs_cli import commands, render
 from gpujobs_cli.main import main
+from gpujobs_fakes.memory import InMemoryJobStore
 
 SUBMITTED = datetime(2026, 3, 1, tzinfo=UTC)
 

@@ -17,13 +17,14 @@ from gpujobs.domain.effects import Launch
 from gpujobs.domain.fate import Verdict
 from gpujobs.domain.job import COMPLETED_END_REASON, MAX_DETAIL_CHARS, Job, Market
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
-from gpujobs.domain.reports import ExitReport
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState, Reason
 from gpujobs_trainer.launch import LaunchPlan, exit_detail
 from gpujobs_trainer.outcome import WorkerOutcome, decide_exit
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+JOB_ID = "j-0000000000000001"
 SPEC = {
     "name": "digits",
     "image": "img:1",
@@ -35,9 +36,7 @@ ERROR = "GPUJOBS_CHECKPOINT_URI s3://nowhere/x is not reachable: AccessDenied"
 
 
 def running(nodes: int = 1) -> Job:
-    job = Job.submitted(
-        job_id="j-0000000000000001", spec=validate_spec({**SPEC, "nodes": nodes}), now=NOW, message_id="m-1"
-    )
+    job = Job.submitted(job_id=JOB_ID, spec=validate_spec({**SPEC, "nodes": nodes}), now=NOW, message_id="m-1")
     claimed = claim_launch(job, now=NOW, hold=None).job
     assert claimed is not None
     gang = Gang(tuple(f"i-{n}" for n in range(1, nodes + 1)), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
@@ -49,12 +48,8 @@ def running(nodes: int = 1) -> Job:
 def exit_of(job: Job, code: int, *, instance: str = "i-1", message: str = ERROR, after: int = 30) -> Job:
     decided = on_exit(
         job,
-        attempt=1,
-        exit_code=code,
-        instance_id=instance,
-        node_rank=None,
+        ExitReport(job_id=job.job_id, attempt=1, exit_code=code, instance_id=instance, node_rank=None, message=message),
         now=NOW + timedelta(seconds=after),
-        message=message,
     )
     assert decided.job is not None
     return decided.job
@@ -76,14 +71,20 @@ def test_a_configuration_error_before_the_first_step_fails_the_job_at_once(code:
 
 
 def test_the_failed_job_is_not_relaunched() -> None:
-    decided = on_exit(running(), attempt=1, exit_code=78, instance_id="i-1", node_rank=None, now=NOW, message=ERROR)
+    decided = on_exit(
+        running(),
+        ExitReport(job_id=JOB_ID, attempt=1, exit_code=78, instance_id="i-1", node_rank=None, message=ERROR),
+        now=NOW,
+    )
 
     assert decided.job is not None
     assert not any(isinstance(effect, Launch) for effect in decided.effects)
 
 
 def test_a_configuration_error_after_a_heartbeat_is_a_crash_retried() -> None:
-    beat = on_heartbeat(running(), attempt=1, step=10, now=NOW + timedelta(seconds=10)).job
+    beat = on_heartbeat(
+        running(), HeartbeatReport(job_id=JOB_ID, attempt=1, step=10), now=NOW + timedelta(seconds=10)
+    ).job
     assert beat is not None
 
     retried = exit_of(beat, 78)
@@ -93,7 +94,11 @@ def test_a_configuration_error_after_a_heartbeat_is_a_crash_retried() -> None:
 
 
 def test_a_configuration_error_after_a_committed_checkpoint_is_a_crash_retried() -> None:
-    committed = on_checkpoint(running(), attempt=1, step=100, uri="s3://b/ckpt", now=NOW + timedelta(seconds=10)).job
+    committed = on_checkpoint(
+        running(),
+        CheckpointReport(job_id=JOB_ID, attempt=1, step=100, uri="s3://b/ckpt"),
+        now=NOW + timedelta(seconds=10),
+    ).job
     assert committed is not None
 
     assert exit_of(committed, 78).state is JobState.QUEUED
@@ -163,7 +168,7 @@ def test_the_launchers_exit_report_carries_the_workers_configuration_error() -> 
         rdzv_id="r",
         shutdown_timeout=90,
         command=("python", "train.py"),
-        job_id="j-0000000000000001",
+        job_id=JOB_ID,
         attempt=1,
     )
 

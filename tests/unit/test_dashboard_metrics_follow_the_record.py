@@ -13,6 +13,7 @@ from gpujobs.domain.decisions import on_exit
 from gpujobs.domain.job import Job, LaunchTry, Market
 from gpujobs.domain.job_metrics import CAPACITY_REFUSALS, LAUNCHES, TEAM_COST, JobMetric, metrics_of_change
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
+from gpujobs.domain.reports import ExitReport
 from gpujobs.domain.spec import validate_spec
 from gpujobs.runtime.observability import JOBS_IN_STATE_METRIC, EmfMetrics, count_jobs_by_state
 
@@ -61,9 +62,13 @@ def test_an_attempt_that_ends_counts_its_estimated_cost_for_its_team() -> None:
     running = record_launch(claimed(), attempt_number=1, gang=gang, tries=(), now=NOW).job
     assert running is not None
     later = NOW + timedelta(hours=3)
-    one = on_exit(running, attempt=1, exit_code=0, instance_id="i-1", node_rank=None, now=later).job
+    one = on_exit(
+        running, ExitReport(job_id=running.job_id, attempt=1, exit_code=0, instance_id="i-1", node_rank=None), now=later
+    ).job
     assert one is not None
-    ended = on_exit(one, attempt=1, exit_code=0, instance_id="i-2", node_rank=None, now=later).job
+    ended = on_exit(
+        one, ExitReport(job_id=one.job_id, attempt=1, exit_code=0, instance_id="i-2", node_rank=None), now=later
+    ).job
     assert ended is not None
 
     assert metrics_of_change(running, one, hourly_usd=PRICES) == ()  # still running

@@ -8,16 +8,18 @@ from gpujobs.domain.decisions import on_exit, settle
 from gpujobs.domain.effects import IGNORED, DeleteAlarms, Launch, Outcome, Terminate
 from gpujobs.domain.job import Job, Market, StopRequest
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
+from gpujobs.domain.reports import ExitReport
 from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState, Reason
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+JOB_ID = "j-0000000000000001"
 SPEC = {"name": "digits", "image": "img:1", "command": ["python", "train.py"], "instance_types": ["g5.xlarge"]}
 GANG = Gang(("i-1",), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
 
 
 def launching() -> Job:
-    job = Job.submitted(job_id="j-0000000000000001", spec=validate_spec(SPEC), now=NOW, message_id="m-1")
+    job = Job.submitted(job_id=JOB_ID, spec=validate_spec(SPEC), now=NOW, message_id="m-1")
     claimed = claim_launch(job, now=NOW, hold=None).job
     assert claimed is not None
     return claimed
@@ -70,7 +72,9 @@ def test_a_new_attempt_starts_without_the_stop_request_of_an_old_one() -> None:
 
 
 def test_an_exit_before_the_launch_record_is_kept_by_rank_and_judged_once_recorded() -> None:
-    kept = on_exit(launching(), attempt=1, exit_code=0, instance_id=None, node_rank=0, now=NOW).job
+    kept = on_exit(
+        launching(), ExitReport(job_id=JOB_ID, attempt=1, exit_code=0, instance_id=None, node_rank=0), now=NOW
+    ).job
     assert kept is not None
 
     recorded = record_launch(kept, attempt_number=1, gang=GANG, tries=(), now=NOW)

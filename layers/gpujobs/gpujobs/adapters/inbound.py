@@ -1,7 +1,9 @@
 """Typed inbound events: the `detail` of each EventBridge event a gpujobs function handles.
 
-Powertools has no models for EC2, CloudWatch alarm or our own events, so they are written here and
-plugged into its `EventBridgeModel`. Keys are AWS's own (kebab-case for EC2), extra fields are
+Powertools has no models for EC2, CloudWatch alarm or our own events, so they are written here, and
+so is the EventBridge envelope they travel in: Powertools' `EventBridgeModel` has the same fields,
+but importing it builds every model of its parser package (about a hundred), which cost more than
+`import boto3` itself on every cold start. Keys are AWS's own (kebab-case for EC2), extra fields are
 allowed (AWS adds fields over time) and `version` is optional because the EC2 state-change
 documentation example omits it.
 
@@ -15,16 +17,13 @@ from abc import abstractmethod
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from aws_lambda_powertools.utilities.parser import parse
-from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
 from gpujobs.domain.cost_anomaly import CostAnomaly
-from gpujobs.domain.job import MAX_DETAIL_CHARS
+from gpujobs.domain.job import JOB_ID, MAX_DETAIL_CHARS
 from gpujobs.domain.reports import (
     INSTANCE_ID,
-    JOB_ID,
     CheckpointReport,
     ExitReport,
     HeartbeatReport,
@@ -37,9 +36,21 @@ class _Detail(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
 
-class Envelope(EventBridgeModel):
+class Envelope(BaseModel):
+    """An EventBridge event as delivered to a target (the fields of Powertools' `EventBridgeModel`)."""
+
+    model_config = ConfigDict(populate_by_name=True, defer_build=True)
+
     version: str = "0"
+    id: str
+    source: str
+    account: str
+    time: datetime
+    region: str
+    resources: list[str]
+    detail_type: str = Field(alias="detail-type")
     detail: dict[str, Any]
+    replay_name: str | None = Field(default=None, alias="replay-name")
 
 
 class SpotWarning(_Detail):
@@ -217,7 +228,8 @@ class AnomalyDetail(_Lenient):
 
 
 def envelope(event: dict[str, Any]) -> Envelope:
-    return parse(event=event, model=Envelope)
+    """The event's envelope; pydantic's ValidationError when it is not an EventBridge event."""
+    return Envelope.model_validate(event)
 
 
 T = TypeVar("T", bound=BaseModel)

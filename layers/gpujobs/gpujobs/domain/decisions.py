@@ -38,6 +38,7 @@ from gpujobs.domain.fate import (
     stop_is_due,
 )
 from gpujobs.domain.job import Attempt, Job, Market, StopRequest, cap_detail
+from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, Report
 from gpujobs.domain.spec import IdleAction
 from gpujobs.domain.states import JobState, Reason
 
@@ -106,10 +107,22 @@ def on_rebalance(job: Job, instance_id: str, *, now: datetime) -> Decision:
 
 
 # ---- reports from the training container --------------------------------------------------------
-def on_checkpoint(job: Job, *, attempt: int, step: int, uri: str, now: datetime) -> Decision:
+def on_report(job: Job, report: Report, *, now: datetime) -> Decision:
+    """A proven report from an attempt's instance, as the report type it was parsed into."""
+    match report:
+        case CheckpointReport():
+            return on_checkpoint(job, report, now=now)
+        case HeartbeatReport():
+            return on_heartbeat(job, report, now=now)
+        case ExitReport():
+            return on_exit(job, report, now=now)
+
+
+def on_checkpoint(job: Job, report: CheckpointReport, *, now: datetime) -> Decision:
     """Moves the newest checkpoint forward only; may complete a pending policy stop."""
+    step, uri = report.step, report.uri
     changed = job
-    record = job.attempt(attempt)
+    record = job.attempt(report.attempt)
     if record is not None and (record.checkpoint_step is None or step > record.checkpoint_step):
         changed = changed.with_attempt(
             record.model_copy(update={"checkpoint_step": step, "checkpoint_at": now}), now=now
@@ -124,7 +137,8 @@ def on_checkpoint(job: Job, *, attempt: int, step: int, uri: str, now: datetime)
     return recorded.then(settle(changed, now=now))
 
 
-def on_heartbeat(job: Job, *, attempt: int, step: int, now: datetime) -> Decision:
+def on_heartbeat(job: Job, report: HeartbeatReport, *, now: datetime) -> Decision:
+    attempt, step = report.attempt, report.step
     record = job.attempt(attempt)
     if record is None or record.is_over or (record.heartbeat_step is not None and step < record.heartbeat_step):
         return ignore(Outcome.NOT_NEWER, "stale heartbeat")
@@ -146,24 +160,16 @@ def _resume_metrics(job: Job, attempt_number: int) -> dict[str, float]:
     return metrics
 
 
-def on_exit(
-    job: Job,
-    *,
-    attempt: int,
-    exit_code: int,
-    instance_id: str | None,
-    node_rank: int | None,
-    now: datetime,
-    message: str = "",
-) -> Decision:
+def on_exit(job: Job, report: ExitReport, *, now: datetime) -> Decision:
     """Record a node's exit code, then judge the attempt.
 
     A report may overtake the write that records the launch: it is kept on the attempt under its
     instance id (or `rank:<n>`) and mapped onto the instances when they are recorded. The message
     of the attempt's first failed exit is kept as its `error_line` (shown, never decided on).
     """
-    found = job.attempt(attempt)
-    key = None if found is None or found.is_over else exit_key(found, instance_id, node_rank)
+    exit_code, message = report.exit_code, report.message
+    found = job.attempt(report.attempt)
+    key = None if found is None or found.is_over else exit_key(found, report.instance_id, report.node_rank)
     if found is None or key is None or key in found.exit_codes:
         return ignore(Outcome.ALREADY_HANDLED, "exit already recorded, or the attempt is over")
     update: dict[str, object] = {"exit_codes": {**found.exit_codes, key: exit_code}}

@@ -16,6 +16,7 @@ detail is capped at `MAX_DETAIL_CHARS`. What the runtime and cost caps need of a
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated
@@ -405,6 +406,10 @@ class Job(_Frozen):
             source_message_id=message_id,
             status_detail="; ".join(problems),
         )
+
+
+JOB_ID = re.compile(r"j-[0-9a-f]{16}")
+"""What `job_id_for` produces: anything else names no job of ours."""
 
 
 def job_id_for(*, client_token: str | None, team: str | None, message_id: str | None) -> str:

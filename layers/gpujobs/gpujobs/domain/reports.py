@@ -13,8 +13,6 @@ from typing import ClassVar
 
 from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, REPORT_SIGNED_FIELDS, TRAINING_HEARTBEAT
 
-JOB_ID = re.compile(r"j-[0-9a-f]{16}")
-"""What `domain.job.job_id_for` produces: anything else names no job of ours."""
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 """An EC2 instance id (the short 8-digit form is still seen on old accounts)."""
 

@@ -11,26 +11,28 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import boto3
 from botocore.config import Config
 
-from gpujobs.adapters.budgets import DynamoBudgetBook
+from gpujobs.adapters.budgets import BudgetsApiCheck, DynamoBudgetBook
 from gpujobs.adapters.catalog import packaged_hardware
 from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
-from gpujobs.adapters.prices import packaged_on_demand_prices
+from gpujobs.adapters.prices import Ec2Prices, packaged_on_demand_prices
 from gpujobs.adapters.s3 import S3BlobStore
 from gpujobs.adapters.secrets import SecretsClient, StackSecretReportKeys
+from gpujobs.adapters.ssm import SsmSignaller
 from gpujobs.adapters.teams import SsmTeamConfig
-from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.runtime.settings import Need, Settings
-from gpujobs.service.changes import WriteCounter
 from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.ports import Ports, UserDataTooLargeError
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from types_boto3_ssm import SSMClient
     from types_boto3_sts import STSClient
 
+    from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.service.budgeting import BudgetReactions
     from gpujobs.service.reactions import Reactions
     from gpujobs.service.reconcile import Reconciler
@@ -60,23 +63,59 @@ class SystemClock:
 
 # One overload per service the control plane calls, so that mypy checks each adapter gets its client.
 @overload
-def client(service: Literal["budgets"], settings: Settings) -> BudgetsClient: ...
+def lazy_client(service: Literal["budgets"], settings: Settings) -> BudgetsClient: ...
 @overload
-def client(service: Literal["cloudwatch"], settings: Settings) -> CloudWatchClient: ...
+def lazy_client(service: Literal["cloudwatch"], settings: Settings) -> CloudWatchClient: ...
 @overload
-def client(service: Literal["dynamodb"], settings: Settings) -> DynamoDBClient: ...
+def lazy_client(service: Literal["dynamodb"], settings: Settings) -> DynamoDBClient: ...
 @overload
-def client(service: Literal["ec2"], settings: Settings) -> EC2Client: ...
+def lazy_client(service: Literal["ec2"], settings: Settings) -> EC2Client: ...
 @overload
-def client(service: Literal["events"], settings: Settings) -> EventBridgeClient: ...
+def lazy_client(service: Literal["events"], settings: Settings) -> EventBridgeClient: ...
 @overload
-def client(service: Literal["s3"], settings: Settings) -> S3Client: ...
+def lazy_client(service: Literal["s3"], settings: Settings) -> S3Client: ...
 @overload
-def client(service: Literal["ssm"], settings: Settings) -> SSMClient: ...
+def lazy_client(service: Literal["ssm"], settings: Settings) -> SSMClient: ...
 @overload
-def client(service: Literal["sts"], settings: Settings) -> STSClient: ...
-def client(service: AwsService, settings: Settings) -> BaseClient:
-    return boto3.client(service, region_name=settings.region, config=_CONFIG)
+def lazy_client(service: Literal["sts"], settings: Settings) -> STSClient: ...
+def lazy_client(service: AwsService, settings: Settings) -> BaseClient:
+    """The service's client, created on its first use: every function wires every port and pays only
+    for the clients its path calls."""
+    return cast(
+        "BaseClient", _LazyClient(functools.partial(boto3.client, service, region_name=settings.region, config=_CONFIG))
+    )
+
+
+_CREATING = threading.Lock()
+"""boto3's default session is not safe to create clients from on two threads at once (the local
+cloud runs handlers on several)."""
+
+
+class _LazyClient:
+    def __init__(self, make: Callable[[], BaseClient]) -> None:
+        self._make = make
+        self._client: BaseClient | None = None
+        _WIRED.append(self)
+
+    def made(self) -> BaseClient:
+        if self._client is None:
+            with _CREATING:
+                if self._client is None:
+                    self._client = self._make()
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.made(), name)
+
+
+_WIRED: list[_LazyClient] = []
+
+
+def make_every_client() -> None:
+    """Create now every client the wired ports hold (the local cloud: its endpoint and credentials
+    are those of this moment, and later changes of the environment must not reach them)."""
+    for lazy in list(_WIRED):
+        lazy.made()
 
 
 class StoredBootstrapUserData:
@@ -93,53 +132,66 @@ class StoredBootstrapUserData:
         self._region = region
         self._stored = False
 
-    def __call__(self, doc: RunDocument | RunDocumentPointer) -> bytes:
-        from gpujobs.instance.userdata import bootstrap_bundle, bootstrap_key, render_user_data
+    def __call__(self, doc: RunDocument | RunDocumentPointer, /) -> bytes:
+        from gpujobs.instance import userdata
 
         if not self._stored:
-            self._blobs.put_once(bootstrap_key(), bootstrap_bundle())
+            self._blobs.put_once(userdata.bootstrap_key(), userdata.bootstrap_bundle())
             self._stored = True
-        return render_user_data(doc, bucket=self._bucket, region=self._region)
+        try:
+            return userdata.render_user_data(doc, bucket=self._bucket, region=self._region)
+        except userdata.UserDataTooLargeError as exc:
+            raise UserDataTooLargeError(exc.size) from exc
 
 
-def build_job_service(settings: Settings) -> JobService:
+def build_ports(settings: Settings) -> Ports:
+    """The real ports, once per Lambda container; no client is created before its first call."""
     # Imported here, not at the top: the handlers configure Powertools (observability) from their own
     # environment when they are imported; wiring must not create its logger and metrics earlier.
     from gpujobs.runtime.observability import EmfMetrics, count_record_too_large
 
-    blobs = S3BlobStore(client=client("s3", settings), bucket=settings.checkpoint_bucket)
-    return JobService(
-        store=DynamoJobStore(
-            table_name=settings.table_name, client=client("dynamodb", settings), on_too_large=count_record_too_large
-        ),
+    blobs = S3BlobStore(client=lazy_client("s3", settings), bucket=settings.checkpoint_bucket)
+    dynamodb = lazy_client("dynamodb", settings)
+    ssm = lazy_client("ssm", settings)
+    ec2 = lazy_client("ec2", settings)
+    return Ports(
+        store=DynamoJobStore(table_name=settings.table_name, client=dynamodb, on_too_large=count_record_too_large),
         compute=Ec2Compute(
-            client=client("ec2", settings),
+            client=ec2,
             launch_template_id=settings.launch_template_id,
             security_group_id=settings.security_group_id,
             subnet_ids=settings.subnet_ids,
             stack_name=settings.stack_name,
         ),
-        publisher=EventBridgePublisher(client=client("events", settings), bus_name=settings.event_bus_name),
+        publisher=EventBridgePublisher(client=lazy_client("events", settings), bus_name=settings.event_bus_name),
         blobs=blobs,
         clock=SystemClock(),
-        config=LaunchConfig(
-            checkpoint_bucket=settings.checkpoint_bucket,
-            event_bus_name=settings.event_bus_name,
-            region=settings.region,
-            allowed_instance_types=settings.allowed_instance_types,
-            priced_instance_types=frozenset(packaged_on_demand_prices()),
-            job_role_arn=settings.job_role_arn,
-            job_log_group=settings.job_log_group,
-            hardware=packaged_hardware(),
-        ),
-        render_user_data=StoredBootstrapUserData(blobs, bucket=settings.checkpoint_bucket, region=settings.region),
-        budgets=DynamoBudgetBook(table_name=settings.table_name, client=client("dynamodb", settings)),
-        alarms=CloudWatchIdleAlarms(client=client("cloudwatch", settings), stack_name=settings.stack_name),
+        alarms=CloudWatchIdleAlarms(client=lazy_client("cloudwatch", settings), stack_name=settings.stack_name),
+        signaller=SsmSignaller(client=ssm, document_name=settings.checkpoint_document),
+        budgets=DynamoBudgetBook(table_name=settings.table_name, client=dynamodb),
         report_keys=report_keys(settings),
-        teams=SsmTeamConfig(client=client("ssm", settings), parameter_name=settings.teams_parameter)
-        if settings.teams_parameter
-        else None,
-        written=WriteCounter(EmfMetrics(), packaged_on_demand_prices()),
+        prices=Ec2Prices(client=ec2),
+        render_user_data=StoredBootstrapUserData(blobs, bucket=settings.checkpoint_bucket, region=settings.region),
+        teams=SsmTeamConfig(client=ssm, parameter_name=settings.teams_parameter) if settings.teams_parameter else None,
+        budget_has_room=BudgetsApiCheck(
+            budgets_client=lazy_client("budgets", settings),
+            sts_client=lazy_client("sts", settings),
+            stack_name=settings.stack_name,
+        ),
+        metrics=EmfMetrics(),
+    )
+
+
+def launch_config(settings: Settings) -> LaunchConfig:
+    return LaunchConfig(
+        checkpoint_bucket=settings.checkpoint_bucket,
+        event_bus_name=settings.event_bus_name,
+        region=settings.region,
+        allowed_instance_types=settings.allowed_instance_types,
+        priced_instance_types=frozenset(packaged_on_demand_prices()),
+        job_role_arn=settings.job_role_arn,
+        job_log_group=settings.job_log_group,
+        hardware=packaged_hardware(),
     )
 
 
@@ -164,51 +216,45 @@ def require_settings(*needs: Need) -> Settings:
 
 
 @functools.cache
+def ports() -> Ports:
+    return build_ports(settings())
+
+
+@functools.cache
 def job_service() -> JobService:
-    return build_job_service(settings())
+    return JobService(ports=ports(), config=launch_config(settings()))
 
 
 @functools.cache
 def reactions() -> Reactions:
-    from gpujobs.adapters.ssm import SsmSignaller
     from gpujobs.service.reactions import Reactions
 
-    current = settings()
-    signaller = SsmSignaller(client=client("ssm", current), document_name=current.checkpoint_document)
-    return Reactions(jobs=job_service(), signaller=signaller)
+    return Reactions(ports=ports(), jobs=job_service())
 
 
 @functools.cache
 def reports() -> Reports:
     from gpujobs.service.reports import Reports
 
-    return Reports(reactions=reactions(), keys=job_service().report_keys)
+    return Reports(ports=ports(), reactions=reactions())
 
 
 @functools.cache
 def reconciler() -> Reconciler:
-    from gpujobs.adapters.budgets import BudgetsApiCheck
-    from gpujobs.adapters.prices import Ec2Prices
     from gpujobs.service.reconcile import Reconciler
 
-    current = settings()
-    return Reconciler(
-        reactions=reactions(),
-        prices=Ec2Prices(client=client("ec2", current)),
-        budget_has_room=BudgetsApiCheck(
-            budgets_client=client("budgets", current), sts_client=client("sts", current), stack_name=current.stack_name
-        ),
-    )
+    return Reconciler(ports=ports(), jobs=job_service(), reactions=reactions())
 
 
 @functools.cache
 def budget_reactions() -> BudgetReactions:
     from gpujobs.service.budgeting import BudgetReactions
 
-    return BudgetReactions(reactions=reactions(), stack_name=settings().stack_name)
+    return BudgetReactions(ports=ports(), reactions=reactions(), stack_name=settings().stack_name)
 
 
 def reset() -> None:
     """Forget every wired service (a fresh Lambda container); tests and the local cloud use it."""
-    for cached in (settings, job_service, reactions, reports, reconciler, budget_reactions):
+    for cached in (settings, ports, job_service, reactions, reports, reconciler, budget_reactions):
         cached.cache_clear()
+    _WIRED.clear()

@@ -19,6 +19,7 @@ from gpujobs.domain.budget_alerts import UnparsedAlert, decide_budget_mode, pars
 from gpujobs.domain.cost_anomaly import CostAnomaly, anomaly_is_significant, anomaly_reason
 from gpujobs.domain.effects import Outcome
 from gpujobs.domain.states import JobState, Reason
+from gpujobs.service.ports import Ports
 from gpujobs.service.reactions import Reaction, Reactions
 
 NOTICE_FOR_MODE = {BudgetMode.SPOT_ONLY: BUDGET_WARNING, BudgetMode.HOLD: BUDGET_HOLD}
@@ -26,6 +27,7 @@ NOTICE_FOR_MODE = {BudgetMode.SPOT_ONLY: BUDGET_WARNING, BudgetMode.HOLD: BUDGET
 
 @dataclass
 class BudgetReactions:
+    ports: Ports
     reactions: Reactions
     stack_name: str
 
@@ -45,19 +47,19 @@ class BudgetReactions:
         return self.apply(ALL_SCOPE, BudgetMode.SPOT_ONLY, anomaly_reason(anomaly))
 
     def apply(self, scope: str, mode: BudgetMode, reason: str) -> Reaction:
-        jobs = self.reactions.jobs
-        now = jobs.clock.now()
+        ports = self.ports
+        now = ports.clock.now()
         period = period_of(now.date())
         # One conditional write: a milder alert never relaxes a hold within its period, even when
         # another budget function writes the hold between this alert's arrival and this write.
-        policy = jobs.budgets.tighten(BudgetPolicy(scope=scope, mode=mode, reason=reason, period=period, since=now))
-        jobs.publisher.publish_notice(
+        policy = ports.budgets.tighten(BudgetPolicy(scope=scope, mode=mode, reason=reason, period=period, since=now))
+        ports.publisher.publish_notice(
             NOTICE_FOR_MODE[policy.mode],
             {"scope": scope, "mode": policy.mode.value, "reason": policy.reason, "period": policy.period},
         )
         stopping = 0
         if policy.mode is BudgetMode.HOLD:
-            for job in jobs.store.list_by_state(JobState.RUNNING, limit=5000):
+            for job in ports.store.list_by_state(JobState.RUNNING, limit=5000):
                 if hold_over(job.team, [policy]) is not None:
                     asked = self.reactions.request_stop(
                         job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {policy.reason}"

@@ -12,8 +12,6 @@ effect from the record again (level-triggered), never swallowed by a record that
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,31 +30,16 @@ from gpujobs.domain.job import Job
 from gpujobs.domain.job_metrics import metrics_of_change
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
-    Compute,
+    Backoff,
     ConcurrentUpdateError,
     EventPublisher,
-    IdleAlarms,
     JobStore,
     MetricsRecorder,
-    Signaller,
+    Ports,
     StateChanged,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with full jitter between tries of a lost race."""
-
-    tries: int = 12
-    base_seconds: float = 0.02
-    cap_seconds: float = 1.0
-    sleep: Callable[[float], None] = time.sleep
-    jitter: Callable[[], float] = random.random
-
-    def pause(self, lost: int) -> None:
-        self.sleep(self.jitter() * min(self.cap_seconds, self.base_seconds * 2**lost))
 
 
 @dataclass(frozen=True)
@@ -114,13 +97,11 @@ class WriteCounter:
             self.recorder.record(found)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Actuator:
     """Carries out a decision's effects on the ports, each on its own, after the write."""
 
-    compute: Compute
-    alarms: IdleAlarms
-    signaller: Signaller | None = None
+    ports: Ports
 
     def carry_out(self, effects: Sequence[Effect]) -> None:
         for effect in effects:
@@ -130,23 +111,22 @@ class Actuator:
                 log.warning("effect %s failed; the next decision issues it again", effect, exc_info=True)
 
     def _one(self, effect: Effect) -> None:
+        compute, alarms = self.ports.compute, self.ports.alarms
         match effect:
             case Terminate(instance_ids) if instance_ids:
-                self.compute.terminate(list(instance_ids))
+                compute.terminate(list(instance_ids))
             case Stop(instance_ids) if instance_ids:
-                self.compute.stop(list(instance_ids))
+                compute.stop(list(instance_ids))
             case TerminateJobInstances(job_id):
-                live = [i.instance_id for i in self.compute.find_instances(job_id=job_id)]
+                live = [i.instance_id for i in compute.find_instances(job_id=job_id)]
                 if live:
-                    self.compute.terminate(live)
+                    compute.terminate(live)
             case CreateAlarms(job_id, instance_ids, below, minutes):
-                self.alarms.create(job_id=job_id, instance_ids=instance_ids, below_percent=below, minutes=minutes)
+                alarms.create(job_id=job_id, instance_ids=instance_ids, below_percent=below, minutes=minutes)
             case DeleteAlarms(instance_ids) if instance_ids:
-                self.alarms.delete(instance_ids=instance_ids)
+                alarms.delete(instance_ids=instance_ids)
             case SignalCheckpoint(instance_ids, container) if instance_ids:
-                if self.signaller is None:
-                    raise RuntimeError("a checkpoint signal was decided where no signaller is wired")
-                self.signaller.checkpoint_now(instance_ids=instance_ids, container=container)
+                self.ports.signaller.checkpoint_now(instance_ids=instance_ids, container=container)
             case _:  # nothing to do, or Launch: the launcher carries that out after every other effect
                 pass
 

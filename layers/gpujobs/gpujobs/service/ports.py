@@ -1,21 +1,28 @@
 """The ports the services depend on. Adapters implement them with boto3; fakes in memory.
 
 Each port raises the typed errors below, so a service can handle a lost race or a capacity
-shortage on purpose without knowing which implementation it talks to.
+shortage on purpose without knowing which implementation it talks to. `Ports` holds one of each:
+`runtime.bootstrap` builds the real set once per Lambda container, `gpujobs_fakes.fake_ports()` the
+in-memory set for tests, benches and simulations, and every service takes it whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
-from gpujobs.domain.job_metrics import JobMetric
 from gpujobs.domain.states import JobState
-from gpujobs.domain.teams import TeamDirectory
+
+if TYPE_CHECKING:
+    from gpujobs.domain.job_metrics import JobMetric
+    from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
+    from gpujobs.domain.teams import TeamDirectory
 
 
 class JobNotFoundError(LookupError):
@@ -291,3 +298,69 @@ class TeamConfigSource(Protocol):
     """Where the platform team's team configuration lives; TeamConfigError if it is malformed."""
 
     def load(self) -> TeamDirectory: ...
+
+
+class UserDataTooLargeError(Exception):
+    """The rendered user data would pass EC2's 16 KB limit: store the run document in S3 and render
+    a pointer to it instead (`domain.rundoc.RunDocumentPointer`)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"user data of {size} bytes does not fit EC2's limit")
+        self.size = size
+
+
+class UserDataRenderer(Protocol):
+    def __call__(self, doc: RunDocument | RunDocumentPointer, /) -> str | bytes:
+        """The user data that boots an attempt; UserDataTooLargeError when it would not fit."""
+
+
+BudgetCheck = Callable[[BudgetPolicy], bool]
+"""True when the budget of a held scope has room again (its limit was raised above the spend)."""
+
+
+def _no_room(_policy: BudgetPolicy) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter between tries of a lost race."""
+
+    tries: int = 12
+    base_seconds: float = 0.02
+    cap_seconds: float = 1.0
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = random.random
+
+    def pause(self, lost: int) -> None:
+        self.sleep(self.jitter() * min(self.cap_seconds, self.base_seconds * 2**lost))
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Everything the services reach outside themselves, built once and shared by all of them.
+
+    No service reaches through another to get at one of these: each takes `Ports` and asks it.
+    """
+
+    store: JobStore
+    compute: Compute
+    publisher: EventPublisher
+    blobs: BlobStore
+    clock: Clock
+    alarms: IdleAlarms
+    signaller: Signaller
+    budgets: BudgetBook
+    report_keys: ReportKeys
+    """Each launch hands its attempt a report key in user data; each report is verified under it."""
+    prices: Prices
+    render_user_data: UserDataRenderer
+    teams: TeamConfigSource | None = None
+    """Who may act for which team; None: no team configuration (single-tenant, see domain.teams)."""
+    budget_has_room: BudgetCheck = _no_room
+    metrics: MetricsRecorder | None = None
+    """Counts what each job write stands for (`changes.WriteCounter`); None: nothing is counted."""
+    jitter: Callable[[], float] = random.random
+    """The capacity-wait backoff's jitter (`domain.ladder.next_try_at`)."""
+    backoff: Backoff = field(default_factory=Backoff)
+    """Between tries of a lost race (`changes.change`)."""

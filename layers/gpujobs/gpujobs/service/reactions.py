@@ -24,11 +24,11 @@ from datetime import datetime
 from gpujobs.contract import GONE_STATES, idle_alarm_name
 from gpujobs.domain import deadline, decisions
 from gpujobs.domain.effects import Decision, Outcome
-from gpujobs.domain.job import Job
-from gpujobs.domain.reports import INSTANCE_ID, JOB_ID
+from gpujobs.domain.job import JOB_ID, Job
+from gpujobs.domain.reports import INSTANCE_ID, Report
 from gpujobs.domain.states import Reason
 from gpujobs.service.jobs import JobService
-from gpujobs.service.ports import JobNotFoundError, Signaller
+from gpujobs.service.ports import JobNotFoundError, Ports
 
 Decide = Callable[[Job, datetime], Decision]
 
@@ -49,25 +49,27 @@ class Reaction:
 
 @dataclass
 class Reactions:
+    ports: Ports
     jobs: JobService
-    signaller: Signaller
+    """For its use cases: the one write path (`change`, `act`) and the launch a decision may call for."""
 
     def _react(self, job_id: str, decide: Decide) -> Reaction:
         """Decide on the stored job, write, publish, then act: the one path every reaction takes."""
         if not JOB_ID.fullmatch(job_id):
             return malformed(f"job id {job_id!r}")
+        clock = self.ports.clock
         try:
-            applied = self.jobs.change(job_id, lambda job: decide(job, self.jobs.clock.now()))
+            applied = self.jobs.change(job_id, lambda job: decide(job, clock.now()))
         except JobNotFoundError:
             return Reaction(Outcome.UNKNOWN_JOB, detail=f"no job {job_id}")
-        after = self.jobs.act(applied, signaller=self.signaller)
+        after = self.jobs.act(applied)
         decision = applied.decision
         return Reaction(decision.outcome, after, dict(decision.metrics), decision.detail)
 
     def _react_to_instance(self, instance_id: str, decide: Decide) -> Reaction:
         if not INSTANCE_ID.fullmatch(instance_id):
             return malformed(f"instance id {instance_id!r}")
-        job = self.jobs.store.find_by_instance(instance_id)
+        job = self.ports.store.find_by_instance(instance_id)
         return not_ours(instance_id) if job is None else self._react(job.job_id, decide)
 
     # ---- spot -----------------------------------------------------------------------------
@@ -86,38 +88,11 @@ class Reactions:
         return self._react_to_instance(instance_id, lambda job, now: decisions.on_rebalance(job, instance_id, now=now))
 
     # ---- reports from the training container ------------------------------------------------
-    def checkpoint_committed(self, *, job_id: str, attempt: int, step: int, uri: str) -> Reaction:
-        """Moves the newest checkpoint forward only; may complete a pending policy stop."""
-        return self._react(
-            job_id, lambda job, now: decisions.on_checkpoint(job, attempt=attempt, step=step, uri=uri, now=now)
-        )
-
-    def heartbeat(self, *, job_id: str, attempt: int, step: int) -> Reaction:
-        return self._react(job_id, lambda job, now: decisions.on_heartbeat(job, attempt=attempt, step=step, now=now))
-
-    def job_exited(
-        self,
-        *,
-        job_id: str,
-        attempt: int,
-        exit_code: int,
-        instance_id: str | None = None,
-        node_rank: int | None = None,
-        message: str = "",
-    ) -> Reaction:
-        """Record a node's exit code (and the message of a failed one), then judge the attempt."""
-        return self._react(
-            job_id,
-            lambda job, now: decisions.on_exit(
-                job,
-                attempt=attempt,
-                exit_code=exit_code,
-                instance_id=instance_id,
-                node_rank=node_rank,
-                now=now,
-                message=message,
-            ),
-        )
+    def report(self, report: Report) -> Reaction:
+        """A proven report (`service.reports`): a checkpoint moves the newest checkpoint forward only
+        (and may complete a pending policy stop), a heartbeat records progress, an exit records the
+        node's exit code (and the message of a failed one), then the attempt is judged."""
+        return self._react(report.job_id, lambda job, now: decisions.on_report(job, report, now=now))
 
     # ---- instances --------------------------------------------------------------------------
     def instance_state(self, instance_id: str, state: str) -> Reaction:

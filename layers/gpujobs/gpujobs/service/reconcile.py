@@ -35,9 +35,9 @@ STOPPED job terminates them.
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from gpujobs.contract import GONE_STATES, STOPPED_STATES, UP_STATES
@@ -50,8 +50,10 @@ from gpujobs.domain.hangs import hung_instances
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
-from gpujobs.service.ports import JobNotFoundError, Prices, TaggedInstance
+from gpujobs.service.jobs import JobService
+from gpujobs.service.ports import JobNotFoundError, Ports, TaggedInstance
 from gpujobs.service.reactions import Reactions
+from gpujobs.service.repairs import ReconcileReport, Repair
 
 log = logging.getLogger(__name__)
 
@@ -63,35 +65,21 @@ LAUNCH_WORK_RESERVE = timedelta(seconds=30)
 
 
 @dataclass
-class ReconcileReport:
-    active_jobs: int = 0
-    live_instances: int = 0
-    repairs: Counter[str] = field(default_factory=Counter)
-    jobs_by_state: Counter[str] = field(default_factory=Counter)
-    """Active jobs per state, as this run read them: the dashboard's jobs-by-state gauge."""
-
-    def count(self, what: str, n: int = 1) -> None:
-        self.repairs[what] += n
-
-
-BudgetCheck = Callable[[BudgetPolicy], bool]
-"""True when the budget of a held scope has room again (its limit was raised above the spend)."""
-
-
-@dataclass
 class Reconciler:
+    ports: Ports
+    jobs: JobService
+    """For its use cases: the one write path, the actuator's effects and launches."""
     reactions: Reactions
-    prices: Prices
-    budget_has_room: BudgetCheck = field(default=lambda _policy: False)
+    """For the reactions it repeats from the record: gone instances, settling, stops, deadline moves."""
 
     def run(self, *, deadline: datetime | None = None) -> ReconcileReport:
         """One pass; launch work stops `LAUNCH_WORK_RESERVE` before `deadline` (the Lambda's own)."""
-        jobs = self.reactions.jobs
-        now = jobs.clock.now()
+        ports = self.ports
+        now = ports.clock.now()
         report = ReconcileReport()
         holds = self._budget_holds(now.date(), report)
         active = self._active_jobs()
-        instances = jobs.compute.list_instances()
+        instances = ports.compute.list_instances()
         by_job: dict[str, list[TaggedInstance]] = defaultdict(list)
         for inst in instances:
             by_job[inst.job_id].append(inst)
@@ -101,7 +89,7 @@ class Reconciler:
             self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
         except Exception:
             log.exception("sweeping placement groups failed")
-            report.count("errors")
+            report.count(Repair.ERRORS)
 
         alarmed = self._alarmed_instances()
         watched: set[str] = set()
@@ -125,8 +113,8 @@ class Reconciler:
         self._delete_ended_jobs_security_groups(active, by_job, report)
         work = _launch_work(active.values(), now)
         for done, job in enumerate(work):
-            if deadline is not None and jobs.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
-                report.count("launches deferred to the next run", len(work) - done)
+            if deadline is not None and ports.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
+                report.count(Repair.LAUNCHES_DEFERRED_TO_THE_NEXT_RUN, len(work) - done)
                 break
             self._guarded(job, report, lambda j: self._launch(j, report))
         return report
@@ -135,7 +123,7 @@ class Reconciler:
         """Every active job once, at the newest version any state query returned it."""
         active: dict[str, Job] = {}
         for state in ACTIVE_STATES:
-            for job in self.reactions.jobs.store.list_by_state(state, limit=MAX_ACTIVE_JOBS):
+            for job in self.ports.store.list_by_state(state, limit=MAX_ACTIVE_JOBS):
                 seen = active.get(job.job_id)
                 if seen is None or job.version > seen.version:
                     active[job.job_id] = job
@@ -145,7 +133,7 @@ class Reconciler:
         """The instances with an idle alarm; None when they cannot be listed now (the alarm repairs
         wait for the next tick, every other repair goes ahead)."""
         try:
-            return set(self.reactions.jobs.alarms.instance_ids())
+            return set(self.ports.alarms.instance_ids())
         except Exception:
             log.exception("could not list the idle alarms")
             return None
@@ -157,7 +145,7 @@ class Reconciler:
             repair(job)
         except Exception:
             log.exception("reconciling %s failed", job.job_id)
-            report.count("errors")
+            report.count(Repair.ERRORS)
 
     # ---- jobs that hold instances -----------------------------------------------------------------
     def _repair_running(
@@ -173,17 +161,17 @@ class Reconciler:
         """Repair one RUNNING job; returns the instances whose idle alarms it wants kept."""
         reactions = self.reactions
         self._record_lost_state_changes(job, live, report)
-        current = reactions.jobs.store.get(job.job_id)
+        current = self.ports.store.get(job.job_id)
         self._enforce_caps(current, now, holds, report)
         if (
             current.require_spec().deadline is not None
             and reactions.keep_deadline(job.job_id).outcome is Outcome.MARKET_CHANGED
         ):
-            report.count("deadline market moves")
+            report.count(Repair.DEADLINE_MARKET_MOVES)
         self._check_heartbeat(current, now, report)
         settled = reactions.settle(job.job_id)
         if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
-            report.count("attempts settled")
+            report.count(Repair.ATTEMPTS_SETTLED)
         return self._ensure_alarms(settled.job or current, alarmed, report)
 
     def _record_lost_state_changes(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
@@ -193,7 +181,7 @@ class Reconciler:
                 continue
             missing = tuple(i for i in attempt.instance_ids if i not in still_up and i not in attempt.gone)
             if missing and self.reactions.record_gone(job.job_id, missing).outcome is Outcome.GONE_RECORDED:
-                report.count("lost state changes repaired")
+                report.count(Repair.LOST_STATE_CHANGES_REPAIRED)
 
     def _settle_between_attempts(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
         """A job between attempts may still hold an unfinished one: an attempt interrupted just before
@@ -201,11 +189,11 @@ class Reconciler:
         so it would never end and its idle alarms would stay; it is settled here like a RUNNING
         job's. Any launch that follows waits for the launch work, which comes after every repair."""
         self._record_lost_state_changes(job, live, report)
-        jobs = self.reactions.jobs
-        applied = jobs.change(job.job_id, lambda current: decisions.settle(current, now=jobs.clock.now()))
-        jobs.carry_out(applied.decision.effects)
+        clock = self.ports.clock
+        applied = self.jobs.change(job.job_id, lambda current: decisions.settle(current, now=clock.now()))
+        self.jobs.carry_out(applied.decision.effects)
         if applied.decision.outcome is not Outcome.NOTHING_TO_DECIDE:
-            report.count("attempts settled")
+            report.count(Repair.ATTEMPTS_SETTLED)
 
     def _ensure_alarms(self, job: Job, alarmed: set[str] | None, report: ReconcileReport) -> set[str]:
         """A RUNNING GPU job's live instances each have an idle alarm (its creation may have failed)."""
@@ -218,10 +206,8 @@ class Reconciler:
         lacking = tuple(i for i in live if i not in alarmed)
         if lacking:
             idle = job.require_spec().idle
-            self.reactions.jobs.carry_out(
-                [CreateAlarms(job.job_id, lacking, idle.gpu_util_below_percent, idle.for_minutes)]
-            )
-            report.count("idle alarms recreated", len(lacking))
+            self.jobs.carry_out([CreateAlarms(job.job_id, lacking, idle.gpu_util_below_percent, idle.for_minutes)])
+            report.count(Repair.IDLE_ALARMS_RECREATED, len(lacking))
         return set(live)
 
     def _delete_leaked_alarms(self, unwatched: set[str], report: ReconcileReport) -> None:
@@ -229,7 +215,7 @@ class Reconciler:
 
         Each is re-read, so an alarm a launch has just created is never taken for a leak; one whose
         instance the (eventually consistent) index does not know yet is left for a later tick."""
-        store = self.reactions.jobs.store
+        store = self.ports.store
         leaked = []
         for iid in sorted(unwatched):
             job = store.find_by_instance(iid)
@@ -237,8 +223,8 @@ class Reconciler:
             if job is not None and (attempt is None or attempt.is_over or job.state.is_terminal):
                 leaked.append(iid)
         if leaked:
-            self.reactions.jobs.carry_out([DeleteAlarms(tuple(leaked))])
-            report.count("idle alarms deleted", len(leaked))
+            self.jobs.carry_out([DeleteAlarms(tuple(leaked))])
+            report.count(Repair.IDLE_ALARMS_DELETED, len(leaked))
 
     def _terminate_reclaimed_survivors(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         """The rest of a reclaimed gang whose trainers hang past the warning window and a grace:
@@ -248,8 +234,8 @@ class Reconciler:
             survivors = overdue_survivors(attempt, now=now)
             if survivors:
                 log.warning("%s: attempt %d was reclaimed; terminating %s", job.job_id, attempt.number, survivors)
-                self.reactions.jobs.compute.terminate(list(survivors))
-                report.count("reclaimed survivors terminated", len(survivors))
+                self.ports.compute.terminate(list(survivors))
+                report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         """A trainer that reported heartbeats and then went silent for longer than its job allows
@@ -258,8 +244,8 @@ class Reconciler:
         if live:
             limit = job.require_spec().trainer.heartbeat_overdue
             log.warning("%s: no heartbeat for over %s; terminating %s", job.job_id, limit, live)
-            self.reactions.jobs.compute.terminate(list(live))
-            report.count("hung attempts terminated")
+            self.ports.compute.terminate(list(live))
+            report.count(Repair.HUNG_ATTEMPTS_TERMINATED)
 
     def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:
         if job.state is not JobState.RUNNING or job.stop_request is not None:
@@ -267,7 +253,7 @@ class Reconciler:
         hold = hold_over(job.team, holds)
         if hold is not None:
             self.reactions.request_stop(job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {hold.reason}")
-            report.count("budget holds enforced")
+            report.count(Repair.BUDGET_HOLDS_ENFORCED)
             return
         spec = job.require_spec()
         runtime = runtime_of(job, now)
@@ -277,7 +263,7 @@ class Reconciler:
                 Reason.MAX_RUNTIME,
                 detail=f"ran {runtime} of max_runtime_minutes {spec.max_runtime_minutes}",
             )
-            report.count("runtime caps")
+            report.count(Repair.RUNTIME_CAPS)
             return
         if spec.max_cost_usd is not None:
             cost = cost_of(job, now, self._hourly_prices(job))
@@ -287,15 +273,15 @@ class Reconciler:
                     Reason.MAX_COST,
                     detail=f"spent about ${cost:.2f} of max_cost_usd ${spec.max_cost_usd:.2f}",
                 )
-                report.count("cost caps")
+                report.count(Repair.COST_CAPS)
 
     def _hourly_prices(self, job: Job) -> dict[BilledPool, float]:
         """Each pool's price; a type the prices do not know counts high, never as free."""
         prices: dict[BilledPool, float] = {}
         for pool in billed_pools(job):
-            known = self.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
+            known = self.ports.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
             prices[pool] = (
-                known if known is not None else price_erring_high(pool.instance_type, self.prices.on_demand_table)
+                known if known is not None else price_erring_high(pool.instance_type, self.ports.prices.on_demand_table)
             )
         return prices
 
@@ -312,12 +298,12 @@ class Reconciler:
             fresh = self._consistent_read(job_id)
             confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i)]
             if len(confirmed) < len(candidates):
-                report.count("orphans spared by a consistent read", len(candidates) - len(confirmed))
+                report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates) - len(confirmed))
             orphans += confirmed
         if orphans:
             log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)
-            self.reactions.jobs.compute.terminate(orphans)
-            report.count("orphans terminated", len(orphans))
+            self.ports.compute.terminate(orphans)
+            report.count(Repair.ORPHANS_TERMINATED, len(orphans))
 
     def _sweep_placement_groups(self, active: dict[str, Job], report: ReconcileReport) -> None:
         """Delete the groups of ended attempts and jobs: a Region holds only 500 placement groups.
@@ -326,13 +312,13 @@ class Reconciler:
         consistently first (the view is eventually consistent, and a launch creates its group right
         after its claim is saved). A group still holding instances is retried on the next tick.
         """
-        for group in self.reactions.jobs.compute.list_placement_groups():
+        for group in self.ports.compute.list_placement_groups():
             if _attempt_unfinished(active.get(group.job_id), group.attempt):
                 continue
             if _attempt_unfinished(self._consistent_read(group.job_id), group.attempt):
                 continue
-            if self.reactions.jobs.compute.delete_placement_group(group.name):
-                report.count("placement groups deleted")
+            if self.ports.compute.delete_placement_group(group.name):
+                report.count(Repair.PLACEMENT_GROUPS_DELETED)
 
     def _delete_ended_jobs_security_groups(
         self, active: dict[str, Job], by_job: dict[str, list[TaggedInstance]], report: ReconcileReport
@@ -341,7 +327,7 @@ class Reconciler:
         group an interface still uses, so it goes here once the job is over (by a consistent read:
         a group created for a launch the index does not show yet is never taken) and nothing of the
         job is left. Stopped instances a STOPPED job keeps also keep their group."""
-        compute = self.reactions.jobs.compute
+        compute = self.ports.compute
         for group in compute.job_security_groups():
             if group.job_id in active or by_job.get(group.job_id):
                 continue
@@ -349,41 +335,43 @@ class Reconciler:
             if job is not None and job.state in ACTIVE_STATES:
                 continue
             if compute.delete_security_group(group.group_id):
-                report.count("job security groups deleted")
+                report.count(Repair.JOB_SECURITY_GROUPS_DELETED)
 
     def _consistent_read(self, job_id: str) -> Job | None:
         try:
-            return self.reactions.jobs.store.get(job_id)
+            return self.ports.store.get(job_id)
         except JobNotFoundError:
             return None
 
     def _budget_holds(self, today: date, report: ReconcileReport) -> list[BudgetPolicy]:
         """Lift the policies that have lapsed; return the holds still in force."""
-        budgets = self.reactions.jobs.budgets
+        budgets = self.ports.budgets
         holds: list[BudgetPolicy] = []
         for policy in budgets.held_scopes():
             try:
                 rolled = period_rolled_over(policy.period, today)
             except ValueError:
                 log.exception("budget policy of scope %s has a malformed period", policy.scope)
-                report.count("errors")
+                report.count(Repair.ERRORS)
                 rolled = False
-            released = (rolled or (lifts_early(policy) and self.budget_has_room(policy))) and budgets.release(policy)
+            released = (rolled or (lifts_early(policy) and self.ports.budget_has_room(policy))) and budgets.release(
+                policy
+            )
             if released:
-                report.count("budget holds released")
+                report.count(Repair.BUDGET_HOLDS_RELEASED)
             elif policy.mode is BudgetMode.HOLD:
                 holds.append(policy)
         return holds
 
     # ---- launch work ------------------------------------------------------------------------------
     def _launch(self, job: Job, report: ReconcileReport) -> None:
-        launched = self.reactions.jobs.launch(job.job_id)
+        launched = self.jobs.launch(job.job_id)
         if job.state is JobState.INTERRUPTED:
-            report.count("replacements launched")
+            report.count(Repair.REPLACEMENTS_LAUNCHED)
         elif job.state is JobState.LAUNCHING:
-            report.count("stuck launches taken over")
+            report.count(Repair.STUCK_LAUNCHES_TAKEN_OVER)
         elif launched.state is not JobState.QUEUED or launched.version != job.version:
-            report.count("queued jobs retried")
+            report.count(Repair.QUEUED_JOBS_RETRIED)
 
 
 def _launch_work(jobs: Iterable[Job], now: datetime) -> list[Job]:

@@ -13,25 +13,25 @@ from dataclasses import dataclass
 
 from gpujobs.domain.effects import Outcome
 from gpujobs.domain.report_auth import Proof, verify
-from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, SignedReport
-from gpujobs.service.ports import ReportKeys
+from gpujobs.domain.reports import SignedReport
+from gpujobs.service.ports import Ports
 from gpujobs.service.reactions import Reaction, Reactions
 
 
 @dataclass
 class Reports:
+    ports: Ports
     reactions: Reactions
-    keys: ReportKeys
 
     def receive(self, signed: SignedReport) -> Reaction:
         report = signed.report
         proof = verify(
-            self.keys.key_for(job_id=report.job_id, attempt=report.attempt),
+            self.ports.report_keys.key_for(job_id=report.job_id, attempt=report.attempt),
             report.DETAIL_TYPE,
             report.signed_fields(),
             signed_at=signed.signed_at,
             signature=signed.signature,
-            now=self.reactions.jobs.clock.now(),
+            now=self.ports.clock.now(),
         )
         if proof is not Proof.VALID:
             return Reaction(
@@ -39,19 +39,4 @@ class Reports:
                 metrics={"ForgedReports": 1},
                 detail=f"{report.DETAIL_TYPE} for {report.job_id} attempt {report.attempt}: {proof.value}",
             )
-        react = self.reactions
-        if isinstance(report, CheckpointReport):
-            return react.checkpoint_committed(
-                job_id=report.job_id, attempt=report.attempt, step=report.step, uri=report.uri
-            )
-        if isinstance(report, HeartbeatReport):
-            return react.heartbeat(job_id=report.job_id, attempt=report.attempt, step=report.step)
-        assert isinstance(report, ExitReport)
-        return react.job_exited(
-            job_id=report.job_id,
-            attempt=report.attempt,
-            exit_code=report.exit_code,
-            instance_id=report.instance_id,
-            node_rank=report.node_rank,
-            message=report.message,
-        )
+        return self.reactions.report(report)

@@ -1,6 +1,7 @@
 """In-memory implementations of the ports, enforcing the same conditions as the real ones.
 
-Unit tests, the benchmarks and anything that must run without AWS use these. They are fakes, not
+Unit tests, the benchmarks and anything that must run without AWS use these (`gpujobs_fakes`
+lives outside the Lambda layer, so `sam build` never ships them). They are fakes, not
 mocks: the store refuses a stale version exactly as the DynamoDB conditional write does, and an
 item over DynamoDB's 400 KB as DynamoDB counts it; the compute fake can be told to refuse chosen
 pools with the EC2 error codes the launcher handles, refuses a reused client token sent with

@@ -1,0 +1,274 @@
+"""The ladder walk: launch the claimed attempt's gang on the first rung that has room.
+
+`JobService.launch` claims the launch (a conditional write with a lease) and hands the claimed job
+here. The walk adopts a gang a crashed launcher already started (never launching twice), replaces an
+incomplete one, then tries each rung of `domain.ladder` in order, recording every refusal, and ends
+the attempt RUNNING, QUEUED (no capacity: retried after a jittered backoff) or FAILED (a refusal no
+rung can fix). Only launches need this module and what it imports (run documents, hardware, the
+ladder): it is imported on the first launch, never by a function's cold start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from gpujobs.domain.deadline import launch_markets
+from gpujobs.domain.effects import Decision
+from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
+from gpujobs.domain.hardware import efa_interfaces
+from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
+from gpujobs.domain.job_access import session_policy_json, session_tags
+from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.launching import LAUNCH_LEASE, Gang, end_launch, record_launch
+from gpujobs.domain.rundoc import RunDocumentPointer, run_document
+from gpujobs.domain.states import JobState, Reason
+from gpujobs.service.ports import (
+    CapacityError,
+    ConcurrentUpdateError,
+    LaunchedInstance,
+    LaunchRejectedError,
+    LaunchRequest,
+    LaunchTokenMismatchError,
+    Ports,
+    UserDataTooLargeError,
+)
+
+if TYPE_CHECKING:
+    from gpujobs.service.jobs import JobService, LaunchConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    ports: Ports
+    config: LaunchConfig
+    jobs: JobService
+    """For its use cases: the one write path, the team directory (data buckets for the session policy)."""
+
+    def _release_lease(self, job: Job) -> None:
+        """After an unexpected error (a throttled RunInstances, say), let the retry take over at once
+        instead of waiting out the lease. Best effort: if this write fails too, the lease expires."""
+        attempt = job.current_attempt
+        if attempt is None:
+            return
+        released = attempt.model_copy(update={"lease_expires_at": self.ports.clock.now()})
+        try:
+            self.ports.store.save(job.with_attempt(released, now=self.ports.clock.now()))
+        except Exception:
+            log.warning("could not release the launch lease of %s", job.job_id, exc_info=True)
+
+    def walk(self, job: Job, *, spot_only: bool = False) -> Job:
+        """Walk the ladder for a job whose launch this caller has just claimed."""
+        try:
+            return self._walk(job, spot_only=spot_only)
+        except Exception:
+            self._release_lease(job)
+            raise
+
+    def _walk(self, job: Job, *, spot_only: bool) -> Job:
+        spec, attempt = job.require_spec(), job.current_attempt
+        assert attempt is not None
+        existing = self.ports.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
+        if len(existing) >= spec.nodes:  # a crashed launcher got this far: adopt, never launch twice
+            return self._record_launched(job, existing, subnet_id=attempt.subnet_id, tries=attempt.tries)
+        if is_partial_gang(existing, nodes=spec.nodes):  # one gang per attempt: this one goes, a new one starts
+            survivors = [i.instance_id for i in sorted(existing, key=lambda i: i.launch_index)]
+            self.ports.compute.terminate(survivors)
+            try:
+                restarted = self.ports.store.save(
+                    started_over(job, survivors, now=self.ports.clock.now(), lease=LAUNCH_LEASE)
+                )
+            except ConcurrentUpdateError:
+                return self.ports.store.get(job.job_id)
+            return self.walk(restarted, spot_only=spot_only)
+        subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.ports.compute.subnets()]
+        ladder = plan_ladder(
+            spec,
+            subnets,
+            interruptions=job.interruptions,
+            avoid_pool=_reclaimed_pool(job),
+            spot_only=spot_only,
+            deadline=launch_markets(job, now=self.ports.clock.now()),
+        )
+        user_data = self._user_data(job, attempt)
+        security_group = self.ports.compute.job_security_group(job.job_id) if ladder else None
+        tries = list(attempt.tries)
+        for rung in ladder:
+            request = replace(self._request(job, attempt, rung, user_data), security_group_id=security_group)
+            try:
+                launched = self.ports.compute.run_instances(request)
+            except CapacityError as exc:
+                tries.append(_try(rung, exc.code, exc.message, self.ports.clock.now()))
+                if exc.code == PLACEMENT_GROUP_LIMIT_EXCEEDED:
+                    break  # no rung fixes it; the reconciler's sweep of ended jobs' groups does
+                continue
+            except LaunchTokenMismatchError as exc:
+                # An earlier launcher of this attempt sent this pool other parameters (its run
+                # document named an older checkpoint). Adopt its gang if it is there; else move on.
+                existing = self.ports.compute.find_instances(job_id=job.job_id, attempt=attempt.number)
+                if len(existing) >= spec.nodes:
+                    return self._record_launched(job, existing, subnet_id=rung.subnet_id, tries=tuple(tries))
+                tries.append(_try(rung, exc.code, exc.message, self.ports.clock.now()))
+                continue
+            except LaunchRejectedError as exc:
+                tries.append(_try(rung, exc.code, exc.message, self.ports.clock.now()))
+                return self._end_launch(job, tries, JobState.FAILED, Reason.LAUNCH_FAILED, f"{exc.code}: {exc.message}")
+            return self._record_launched(job, launched, subnet_id=rung.subnet_id, tries=tuple(tries))
+        if not ladder:
+            return self._end_launch(
+                job, tries, JobState.FAILED, Reason.LAUNCH_FAILED, "no market is allowed by the spec"
+            )
+        summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in tries)
+        return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
+
+    def _request(self, job: Job, attempt: Attempt, rung: Rung, user_data: str | bytes) -> LaunchRequest:
+        spec = job.require_spec()
+        subnet = next(s for s in self.ports.compute.subnets() if s.subnet_id == rung.subnet_id)
+        return LaunchRequest(
+            job_id=job.job_id,
+            attempt=attempt.number,
+            team=spec.team,
+            name=spec.name,
+            count=spec.nodes,
+            instance_type=rung.instance_type,
+            subnet=subnet,
+            market=rung.market,
+            client_token=attempt.client_token(
+                job.job_id, instance_type=rung.instance_type, subnet_id=rung.subnet_id, market=rung.market
+            ),
+            user_data=user_data,
+            placement_group=placement_group_of(job, attempt),
+            efa_interfaces=efa_interfaces(self.config.hardware, instance_type=rung.instance_type, nodes=spec.nodes),
+        )
+
+    def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:
+        doc = run_document(
+            job,
+            attempt,
+            bucket=self.config.checkpoint_bucket,
+            event_bus=self.config.event_bus_name,
+            region=self.config.region,
+            log_group=self.config.job_log_group,
+            wait_for_attempt=_attempt_being_reclaimed(job, attempt),
+            report_key=self.ports.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
+            access=self._job_access(job, attempt),
+            hardware=self.config.hardware,
+        )
+        try:
+            return self.ports.render_user_data(doc)
+        except UserDataTooLargeError:  # the document goes to S3, user data points at it
+            key = f"jobs/{job.job_id}/attempt-{attempt.number}/run.json"
+            body = doc.model_dump_json(exclude={"report_key"})
+            uri = self.ports.blobs.put_text(key, body)
+            return self.ports.render_user_data(
+                RunDocumentPointer.for_stored(uri, body.encode(), report_key=doc.report_key, doc=doc)
+            )
+
+    def _job_access(self, job: Job, attempt: Attempt) -> dict[str, Any]:
+        """The run document's job role, session policy and tags; none when the stack has no job role."""
+        if not self.config.job_role_arn:
+            return {}
+        team = job.require_spec().team
+        return {
+            "job_role_arn": self.config.job_role_arn,
+            "session_policy": session_policy_json(
+                bucket=self.config.checkpoint_bucket,
+                job_id=job.job_id,
+                team=team,
+                data_buckets=self.jobs.team_directory.data_buckets(team),
+            ),
+            "session_tags": session_tags(job_id=job.job_id, team=team, attempt=attempt.number),
+        }
+
+    def _record_launched(
+        self,
+        job: Job,
+        launched: Sequence[LaunchedInstance],
+        *,
+        subnet_id: str | None,
+        tries: tuple[LaunchTry, ...],
+    ) -> Job:
+        first = launched[0]
+        ordered = sorted(launched, key=lambda i: i.launch_index)
+        gang = Gang(tuple(i.instance_id for i in ordered), first.instance_type, first.zone, first.market, subnet_id)
+        number = self._attempt_number(job)
+        applied = self.jobs.change(
+            job.job_id,
+            lambda current: record_launch(
+                current, attempt_number=number, gang=gang, tries=tries, now=self.ports.clock.now()
+            ),
+        )
+        return self.jobs.act(applied)
+
+    def _end_launch(self, job: Job, tries: list[LaunchTry], target: JobState, reason: Reason, detail: str) -> Job:
+        number = self._attempt_number(job)
+        attempt = job.current_attempt
+        assert attempt is not None
+        self._delete_placement_group(job, attempt)
+
+        def decide(current: Job) -> Decision:
+            now = self.ports.clock.now()
+            retry_at = None
+            if target is JobState.QUEUED:
+                retry_at = next_try_at(current, now=now, jitter=self.ports.jitter())
+            return end_launch(
+                current,
+                attempt_number=number,
+                tries=tuple(tries),
+                target=target,
+                reason=reason,
+                detail=detail,
+                next_try_at=retry_at,
+                now=now,
+            )
+
+        return self.jobs.change(job.job_id, decide).after
+
+    def _delete_placement_group(self, job: Job, attempt: Attempt) -> None:
+        """An attempt that launched nothing gives its group back at once (a Region holds 500).
+        Best effort: the reconciler sweeps whatever this misses."""
+        group = placement_group_of(job, attempt)
+        try:
+            if group is not None:
+                self.ports.compute.delete_placement_group(group)
+        except Exception:
+            log.warning("could not delete placement group %s", group, exc_info=True)
+
+    @staticmethod
+    def _attempt_number(job: Job) -> int:
+        attempt = job.current_attempt
+        assert attempt is not None
+        return attempt.number
+
+
+def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
+    return LaunchTry(
+        at=now,
+        instance_type=rung.instance_type,
+        zone=rung.zone,
+        subnet_id=rung.subnet_id,
+        market=rung.market,
+        error_code=code,
+        message=message,
+    )
+
+
+def _reclaimed_pool(job: Job) -> tuple[str, str, Market] | None:
+    """The pool of the newest attempt that ran, if it was reclaimed: the replacement avoids it."""
+    for attempt in reversed(job.attempts[:-1]):
+        if attempt.pool is not None:
+            return attempt.pool if attempt.interrupted_at is not None else None
+    return None
+
+
+def _attempt_being_reclaimed(job: Job, attempt: Attempt) -> int | None:
+    """The interrupted attempt that may still be saving its checkpoint: the new one waits for it."""
+    for earlier in reversed(job.attempts):
+        if earlier.number < attempt.number and earlier.instance_ids:
+            return earlier.number if earlier.interrupted_at is not None and not earlier.is_over else None
+    return None

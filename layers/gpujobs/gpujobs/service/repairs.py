@@ -1,0 +1,52 @@
+"""What one reconciler run repaired: a closed set of counts, each its own metric.
+
+The reconciler counts every repair under a `Repair`; the handler emits each count as the metric
+`Repair.metric_name` (the dashboard and alarms name them), so a new repair is a new member here,
+never a string made up where it is counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Repair(StrEnum):
+    ERRORS = "errors"
+    LAUNCHES_DEFERRED_TO_THE_NEXT_RUN = "launches deferred to the next run"
+    DEADLINE_MARKET_MOVES = "deadline market moves"
+    ATTEMPTS_SETTLED = "attempts settled"
+    LOST_STATE_CHANGES_REPAIRED = "lost state changes repaired"
+    IDLE_ALARMS_RECREATED = "idle alarms recreated"
+    IDLE_ALARMS_DELETED = "idle alarms deleted"
+    RECLAIMED_SURVIVORS_TERMINATED = "reclaimed survivors terminated"
+    HUNG_ATTEMPTS_TERMINATED = "hung attempts terminated"
+    BUDGET_HOLDS_ENFORCED = "budget holds enforced"
+    RUNTIME_CAPS = "runtime caps"
+    COST_CAPS = "cost caps"
+    ORPHANS_SPARED_BY_A_CONSISTENT_READ = "orphans spared by a consistent read"
+    ORPHANS_TERMINATED = "orphans terminated"
+    PLACEMENT_GROUPS_DELETED = "placement groups deleted"
+    JOB_SECURITY_GROUPS_DELETED = "job security groups deleted"
+    BUDGET_HOLDS_RELEASED = "budget holds released"
+    REPLACEMENTS_LAUNCHED = "replacements launched"
+    STUCK_LAUNCHES_TAKEN_OVER = "stuck launches taken over"
+    QUEUED_JOBS_RETRIED = "queued jobs retried"
+
+    @property
+    def metric_name(self) -> str:
+        """`Repairs` and the member's name in CamelCase: `ORPHANS_TERMINATED` is `RepairsOrphansTerminated`."""
+        return "Repairs" + self.name.title().replace("_", "")
+
+
+@dataclass
+class ReconcileReport:
+    active_jobs: int = 0
+    live_instances: int = 0
+    repairs: Counter[Repair] = field(default_factory=Counter)
+    jobs_by_state: Counter[str] = field(default_factory=Counter)
+    """Active jobs per state, as this run read them: the dashboard's jobs-by-state gauge."""
+
+    def count(self, what: Repair, n: int = 1) -> None:
+        self.repairs[what] += n
