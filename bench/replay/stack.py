@@ -13,7 +13,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.config import LaunchConfig
+from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import Backoff, LaunchRequest, Subnet
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.reconcile import Reconciler

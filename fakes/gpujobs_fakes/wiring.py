@@ -13,7 +13,8 @@ from typing import Any
 
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.service.budgeting import BudgetReactions
-from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.config import LaunchConfig
+from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import Ports
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.reconcile import Reconciler

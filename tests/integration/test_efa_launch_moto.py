@@ -21,7 +21,7 @@ import pytest
 from gpujobs.adapters.catalog import packaged_hardware
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.domain.states import JobState
-from gpujobs.service.jobs import LaunchConfig
+from gpujobs.service.config import LaunchConfig
 from gpujobs_local.stack import REGION, MotoStack
 from tests.service.conftest import ALLOWED, World, spec
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
-from gpujobs.service.jobs import LaunchConfig
+from gpujobs.service.config import LaunchConfig
 from gpujobs_fakes.memory import (
     FakeCompute,
     FixedClock,

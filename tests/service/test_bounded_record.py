@@ -19,7 +19,7 @@ from gpujobs.domain.job import MAX_DETAIL_CHARS, Job
 from gpujobs.domain.ladder import next_try_delay
 from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
-from gpujobs.service.jobs import LaunchConfig
+from gpujobs.service.config import LaunchConfig
 from gpujobs.service.ports import JobRecordTooLargeError, Subnet
 from gpujobs_fakes.memory import FakeCompute
 from tests.service.conftest import World, spec

@@ -31,7 +31,8 @@ from gpujobs.adapters.secrets import SecretsClient, StackSecretReportKeys
 from gpujobs.adapters.ssm import SsmSignaller
 from gpujobs.adapters.teams import SsmTeamConfig
 from gpujobs.runtime.settings import Need, Settings
-from gpujobs.service.jobs import JobService, LaunchConfig
+from gpujobs.service.config import LaunchConfig
+from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import Ports, UserDataTooLargeError
 
 if TYPE_CHECKING:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
-from gpujobs.domain.hardware import InstanceHardware
 from gpujobs.domain.job import JOB_ID, Job, job_id_for
 from gpujobs.domain.launching import cancel, claim_launch
 from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
@@ -32,6 +31,7 @@ from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.changes import Actuator, Applied, WriteCounter, change, publish_changes, wants_launch
+from gpujobs.service.config import LaunchConfig
 from gpujobs.service.ports import (
     JobExistsError,
     Ports,
@@ -50,21 +50,6 @@ class CancelRefusedError(Exception):
         super().__init__(f"{sender or '(unknown sender)'} may not cancel {job_id}")
         self.job_id = job_id
         self.sender = sender
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    checkpoint_bucket: str
-    event_bus_name: str
-    region: str
-    allowed_instance_types: tuple[str, ...] = ()
-    priced_instance_types: frozenset[str] | None = None
-    """Types with a known price; a spec with `max_cost_usd` over any other type is refused."""
-    job_role_arn: str = ""
-    """Named in every run document: the role the bootstrap assumes for the container (none: the instance's)."""
-    job_log_group: str = ""
-    hardware: Mapping[str, InstanceHardware] = field(default_factory=dict)
-    """Each type's EFA interfaces and instance store (`adapters.catalog.packaged_hardware`); an unknown type has neither."""
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ ladder): it is imported on the first launch, never by a function's cold start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpujobs.domain.deadline import launch_markets
 from gpujobs.domain.effects import Decision
@@ -26,6 +26,7 @@ from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZo
 from gpujobs.domain.launching import LAUNCH_LEASE, Gang, end_launch, record_launch
 from gpujobs.domain.rundoc import RunDocumentPointer, run_document
 from gpujobs.domain.states import JobState, Reason
+from gpujobs.service.config import LaunchConfig
 from gpujobs.service.ports import (
     CapacityError,
     ConcurrentUpdateError,
@@ -38,7 +39,20 @@ from gpujobs.service.ports import (
 )
 
 if TYPE_CHECKING:
-    from gpujobs.service.jobs import JobService, LaunchConfig
+    from gpujobs.domain.teams import TeamDirectory
+    from gpujobs.service.changes import Applied
+
+
+class JobWrites(Protocol):
+    """What the walk needs of `JobService`: its one write path and the team directory."""
+
+    def change(self, job_id: str, decide: Callable[[Job], Decision]) -> Applied: ...
+
+    def act(self, applied: Applied) -> Job: ...
+
+    @property
+    def team_directory(self) -> TeamDirectory: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +61,7 @@ log = logging.getLogger(__name__)
 class Launcher:
     ports: Ports
     config: LaunchConfig
-    jobs: JobService
+    jobs: JobWrites
     """For its use cases: the one write path, the team directory (data buckets for the session policy)."""
 
     def _release_lease(self, job: Job) -> None:
