@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 STACK_ENV = {
     "JOBS_TABLE": "t",
@@ -41,20 +43,57 @@ print(json.dumps(sorted(m for m in sys.modules if m == "gpujobs" or m.startswith
 
 EVERY_HANDLER = {
     "gpujobs",
-    "gpujobs.adapters",
-    "gpujobs.adapters.budgets",
-    "gpujobs.adapters.cloudwatch",
-    "gpujobs.adapters.dynamodb",
-    "gpujobs.adapters.ec2",
-    "gpujobs.adapters.eventbus",
-    "gpujobs.adapters.prices",
-    "gpujobs.adapters.s3",
-    "gpujobs.adapters.secrets",
-    "gpujobs.adapters.ssm",
-    "gpujobs.adapters.teams",
     "gpujobs.contract",
+    # the ports' adapters, wired whole by runtime.bootstrap (their boto3 clients are made on first use)
+    "gpujobs.adapters",
+    *(f"gpujobs.adapters.{name}" for name in ("budgets", "catalog", "cloudwatch", "dynamodb", "ec2", "eventbus")),
+    *(f"gpujobs.adapters.{name}" for name in ("prices", "s3", "secrets", "ssm", "teams")),
+    # the job record and spec every path reads, and the decisions every write path takes
     "gpujobs.domain",
+    *(f"gpujobs.domain.{name}" for name in ("budget", "cost", "credentials", "decisions", "documents", "effects")),
+    *(f"gpujobs.domain.{name}" for name in ("fate", "hardware", "job", "job_metrics", "launching", "report_auth")),
+    *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states", "teams")),
+    "gpujobs.domain.trainer_settings",
+    "gpujobs.runtime",
+    "gpujobs.runtime.bootstrap",
+    "gpujobs.runtime.observability",
+    "gpujobs.runtime.settings",
+    "gpujobs.service",
+    "gpujobs.service.changes",
+    "gpujobs.service.config",
+    "gpujobs.service.jobs",
+    "gpujobs.service.ports",
 }
+EVENTS = {"gpujobs.adapters.inbound", "gpujobs.domain.cost_anomaly"}
+"""What the EventBridge handlers parse their events with."""
+ALLOWED = {
+    "budget": EVERY_HANDLER | EVENTS,
+    "idle": EVERY_HANDLER | EVENTS | {"gpujobs.service.reactions"},
+    "instance_state": EVERY_HANDLER | EVENTS,
+    "reconciler": EVERY_HANDLER,
+    "reports": EVERY_HANDLER | EVENTS | {"gpujobs.service.reactions"},
+    "spot": EVERY_HANDLER | EVENTS,
+    "submit": EVERY_HANDLER,
+}
+LAUNCH_ONLY = {
+    "gpujobs.service.launcher",
+    "gpujobs.domain.ladder",
+    "gpujobs.domain.deadline",
+    "gpujobs.domain.gangs",
+    "gpujobs.domain.rundoc",
+    "gpujobs.domain.job_access",
+    "gpujobs.instance.userdata",
+}
+"""The ladder walk and what only it needs: loaded on a function's first launch."""
+NOT_AT_IMPORT = {
+    "gpujobs.domain.yaml_documents",
+    "gpujobs.service.reconcile",
+    "gpujobs.service.budgeting",
+    "gpujobs.service.reports",
+    "gpujobs.domain.budget_alerts",
+    "gpujobs.domain.hangs",
+}
+"""Loaded by the first YAML document (submit only) or the first call of the use case that needs them."""
 
 
 def loaded_by(handler: str) -> set[str]:
@@ -71,3 +110,18 @@ def loaded_by(handler: str) -> set[str]:
         check=True,
     )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_every_handler_is_in_the_list() -> None:
+    assert set(ALLOWED) == {p.parent.name for p in (ROOT / "functions").glob("*/app.py")}
+
+
+@pytest.mark.parametrize("handler", sorted(ALLOWED))
+def test_a_handler_imports_only_what_its_path_needs(handler: str) -> None:
+    loaded = loaded_by(handler)
+
+    assert not loaded & LAUNCH_ONLY, f"{handler} loads launch-only modules at import: {sorted(loaded & LAUNCH_ONLY)}"
+    assert not loaded & NOT_AT_IMPORT, f"{handler} loads at import: {sorted(loaded & NOT_AT_IMPORT)}"
+    grown = loaded - ALLOWED[handler]
+    assert not grown, f"{handler}'s cold start grew by {sorted(grown)}: add them here on purpose, or import them lazily"
+    assert "gpujobs_fakes" not in {m.split(".")[0] for m in loaded}

@@ -33,7 +33,6 @@ from gpujobs.contract import (
 )
 from gpujobs.domain.hardware import InterfaceType, network_interfaces
 from gpujobs.domain.job import Market
-from gpujobs.domain.ladder import ErrorKind, classify_launch_error
 from gpujobs.service.ports import (
     CapacityError,
     JobSecurityGroup,
@@ -144,6 +143,8 @@ class Ec2Compute:
             code, message = str(error.get("Code", "Unknown")), str(error.get("Message", ""))
             if code == "IdempotentParameterMismatch":
                 raise LaunchTokenMismatchError(request.client_token, message) from exc
+            from gpujobs.domain.ladder import ErrorKind, classify_launch_error  # launches only
+
             kind = classify_launch_error(code)
             if kind is ErrorKind.NEXT_RUNG:
                 raise CapacityError(code, message) from exc

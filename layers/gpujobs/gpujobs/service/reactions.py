@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpujobs.contract import GONE_STATES, idle_alarm_name
-from gpujobs.domain import deadline, decisions
+from gpujobs.domain import decisions
 from gpujobs.domain.effects import Decision, Outcome
 from gpujobs.domain.job import JOB_ID, Job
 from gpujobs.domain.reports import INSTANCE_ID, Report
@@ -81,6 +81,8 @@ class Reactions:
 
     def keep_deadline(self, job_id: str) -> Reaction:
         """Move a running job with a deadline to the market it needs, if it needs another."""
+        from gpujobs.domain import deadline  # the reconciler's only: no event handler loads it
+
         return self._react(job_id, lambda job, now: deadline.move_market(job, now=now))
 
     def rebalance(self, instance_id: str) -> Reaction:
