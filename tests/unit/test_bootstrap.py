@@ -57,6 +57,8 @@ HOSTILE = [
     "${HOME}",
     "caf\u00e9 \u2603",
 ]
+TRICKY_ONE_LINE = "\t".join(h for h in HOSTILE if "\n" not in h)
+"""HOSTILE as one env value docker can carry: its --env-file is line-based (the process runtime takes line breaks)."""
 WORKLOAD = (
     "import json, os, sys; "
     "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(os.environ['OUT_FILE'], 'w')); "
@@ -637,13 +639,16 @@ def test_a_document_cannot_wait_for_its_own_or_a_later_attempt() -> None:
 # --- docker runtime (a fake docker CLI) --------------------------------------------------------
 
 FAKE_DOCKER = """import json, os, sys
+argv = sys.argv[1:]
+env_file = argv[argv.index("--env-file") + 1] if "--env-file" in argv else ""
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
-    log.write(json.dumps({"argv": sys.argv[1:], "stdin": sys.stdin.read() if sys.argv[1] == "login" else "",
-                          "env": {k: v for k, v in os.environ.items() if k in ("SECRET", "GPUJOBS_JOB_ID")}}) + "\\n")
+    log.write(json.dumps({"argv": argv, "stdin": sys.stdin.read() if argv[0] == "login" else "",
+                          "env": {k: v for k, v in os.environ.items() if k in ("GODEBUG", "GPUJOBS_JOB_ID")},
+                          "env_file": open(env_file).read() if env_file else ""}) + "\\n")
 """
 
 
-def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
+def test_docker_gets_the_workload_env_only_through_its_env_file_never_its_own_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docker = tmp_path / "docker"
@@ -657,7 +662,7 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
             "name": "n",
             "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
             "command": ["torchrun", "$(id)"],
-            "env": {"SECRET": "hunter2\nline"},
+            "env": {"GODEBUG": "http2debug=2"},
             "gpus_per_node": 8,
             "checkpoint_uri": "s3://b/k",
             "stop_timeout_seconds": 90,
@@ -672,7 +677,7 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
 
     runtime = runtimes.DockerRuntime(str(docker))
     runtime.prepare(doc, lambda service: FakeEcr())
-    runtime.start(doc, {"SECRET": "hunter2\nline", "GPUJOBS_JOB_ID": "job/7"})
+    runtime.start(doc, {"GODEBUG": "http2debug=2", "GPUJOBS_JOB_ID": "job/7"})
     assert runtime.wait() == 0
 
     login, pull, run = (json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines())
@@ -685,6 +690,7 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
     ]
     assert login["stdin"] == "ecr-password"
     assert pull["argv"] == ["pull", doc["image"]]
+    env_file = run["argv"][run["argv"].index("--env-file") + 1]
     assert run["argv"] == [
         "run",
         "--rm",
@@ -698,16 +704,39 @@ def test_docker_gets_env_names_on_argv_and_values_only_through_its_environment(
         "host",
         "--stop-timeout",
         "90",
-        "-e",
-        "GPUJOBS_JOB_ID",
-        "-e",
-        "SECRET",
+        "--user",
+        "10001:10001",
+        "--security-opt",
+        "no-new-privileges",
+        "--cap-drop",
+        "ALL",
+        "--pids-limit",
+        "65536",
+        "--env-file",
+        env_file,
         doc["image"],
         "torchrun",
         "$(id)",
     ]
-    assert run["env"] == {"SECRET": "hunter2\nline", "GPUJOBS_JOB_ID": "job/7"}
-    assert "hunter2" not in json.dumps([login["argv"], pull["argv"], run["argv"]])
+    # The job's GODEBUG reaches the container, never the root docker client's own Go runtime
+    assert run["env_file"] == "GODEBUG=http2debug=2\nGPUJOBS_JOB_ID=job/7\n"
+    assert run["env"] == {}
+    assert "http2debug" not in json.dumps([login["argv"], pull["argv"], run["argv"]])
+
+
+def test_an_env_value_with_a_line_break_is_refused_naming_it_before_the_pull(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docker = tmp_path / "docker"
+    docker.write_text(f"#!{sys.executable}\n{FAKE_DOCKER}")
+    docker.chmod(0o755)
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "calls.jsonl"))
+    fields = {"job_id": "j", "attempt": 1, "name": "n", "image": "i:1", "command": ["c"], "checkpoint_uri": "s3://b/k"}
+    doc = rundoc.check_document({**fields, "env": {"MULTI": "a\nb", "ONE": "line"}})
+
+    with pytest.raises(errors.BootstrapError, match=r"^MULTI: a line break cannot travel in docker's --env-file"):
+        runtimes.DockerRuntime(str(docker)).prepare(doc, lambda service: None)
+    assert not (tmp_path / "calls.jsonl").exists()  # neither pulled nor run
 
 
 def test_the_cloudwatch_agent_publishes_a_per_instance_gpu_series() -> None:
@@ -740,13 +769,13 @@ CONTAINERLESS_DOCKER = """import os, sys
 args = sys.argv[1:]
 if args[0] != "run":
     sys.exit(0)
-names, i = [], 1
+env, i = {}, 1
 while args[i].startswith("-"):
-    if args[i] == "-e":
-        names.append(args[i + 1])
+    if args[i] == "--env-file":  # docker's format: NAME=value per line, the value as it is
+        env.update(line.split("=", 1) for line in open(args[i + 1]).read().split("\\n") if line)
     i += 1 if args[i] == "--rm" else 2
 command = args[i + 1:]
-os.execve(command[0], command, {name: os.environ[name] for name in names})
+os.execve(command[0], command, env)
 """
 
 
@@ -784,13 +813,14 @@ def test_bash_runs_the_user_data_shell_part_as_is(tmp_path: Path, bus: Bus, moto
     """The loader fetches the stored bootstrap, checks it and runs it: the job's exit is reported."""
     store_bootstrap(moto_endpoint, bootstrap_bundle())
     doc = a_document(tmp_path, bus, exit_code=5)
+    doc = doc.model_copy(update={"env": {**doc.env, "TRICKY": TRICKY_ONE_LINE}})
 
     returncode, log = run_the_shell_part(tmp_path, moto_endpoint, doc)
 
     assert returncode == 5, log.read_text()
     seen = json.loads((tmp_path / "out.json").read_text())
     assert seen["argv"] == HOSTILE
-    assert seen["env"]["TRICKY"] == "\n".join(HOSTILE)
+    assert seen["env"]["TRICKY"] == TRICKY_ONE_LINE
     assert seen["env"]["GPUJOBS_INSTANCE_ID"] == INSTANCE_ID
     assert [e["exit_code"] for e in bus.exits()] == [5]
     assert (tmp_path / "shutdown").read_text() == "-h now"

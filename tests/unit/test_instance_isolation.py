@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -35,6 +36,7 @@ from gpujobs.instance.imds import Imds
 from gpujobs.instance.userdata import render_user_data
 from tests.unit.fake_imds import FakeImds
 from tests.unit.test_bootstrap import (  # the bootstrap's own fixtures: a moto server and an event bus
+    BOOTSTRAP,
     INSTANCE_ID,
     Bus,
     a_document,
@@ -287,14 +289,23 @@ def test_credentials_are_renewed_before_the_containers_sdk_would_refetch_them() 
 
 
 # ---- docker: private values and IMDS -------------------------------------------------------------
+DAEMON = 'cgroupfs 2 ["name=apparmor","name=seccomp,profile=builtin","name=cgroupns"]'
 FAKE_DOCKER = """import json, os, sys
 argv = sys.argv[1:]
+if argv[0] == "info":
+    print(os.environ.get("FAKE_DOCKER_INFO", ""))
 env_file = argv[argv.index("--env-file") + 1] if "--env-file" in argv else ""
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
     log.write(json.dumps({"argv": argv, "env": dict(os.environ),
                           "file": open(env_file).read() if env_file else "",
                           "mode": oct(os.stat(env_file).st_mode & 0o777) if env_file else ""}) + "\\n")
 """
+FAKE_IPTABLES = """import json, os, sys
+with open(os.environ["FAKE_IPTABLES_LOG"], "a") as log:
+    log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+sys.exit(1 if sys.argv[1] == "-C" else 0)
+"""
+A_RUN = {"job_id": "job-7", "attempt": 3, "gpus_per_node": 0, "stop_timeout_seconds": 9, "image": "i", "command": ["c"]}
 
 
 def a_fake(tmp_path: Path, name: str, code: str) -> str:
@@ -304,41 +315,155 @@ def a_fake(tmp_path: Path, name: str, code: str) -> str:
     return str(path)
 
 
-def test_docker_gets_secrets_and_the_token_only_through_a_private_env_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "calls.jsonl"))
-    iptables = a_fake(tmp_path, "iptables", "import sys; sys.exit(1 if sys.argv[1] == '-C' else 0)")
-    runtime = runtimes.DockerRuntime(a_fake(tmp_path, "docker", FAKE_DOCKER))
-    doc = {
-        "job_id": "job-7",
-        "attempt": 3,
-        "gpus_per_node": 0,
-        "stop_timeout_seconds": 9,
-        "image": "i",
-        "command": ["c"],
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Fakes of what `block_imds` calls on a host: docker (info, run), iptables, ip6tables, systemctl."""
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "docker.jsonl"))
+    monkeypatch.setenv("FAKE_IPTABLES_LOG", str(tmp_path / "iptables.jsonl"))
+    monkeypatch.setenv("FAKE_DOCKER_INFO", DAEMON)
+    (tmp_path / "cgroup").mkdir()
+    systemctl = f"import os, sys; os.mkdir(os.path.join({str(tmp_path / 'cgroup')!r}, sys.argv[2]))"
+    return {
+        "docker": a_fake(tmp_path, "docker", FAKE_DOCKER),
+        "iptables": a_fake(tmp_path, "iptables", FAKE_IPTABLES),
+        "ip6tables": a_fake(tmp_path, "ip6tables", FAKE_IPTABLES),
+        "systemctl": a_fake(tmp_path, "systemctl", systemctl),
+        "cgroup_root": str(tmp_path / "cgroup"),
     }
 
-    runtime.block_imds(10001, iptables=iptables)
-    runtime.start(doc, {"GPUJOBS_JOB_ID": "job-7"}, {"HF_TOKEN": HF_TOKEN, "AWS_CONTAINER_AUTHORIZATION_TOKEN": "tok"})
+
+def block(runtime: runtimes.DockerRuntime, host: dict[str, str], **options: Any) -> None:
+    tools = {k: host[k] for k in ("iptables", "ip6tables", "systemctl")}
+    runtime.block_imds(**tools, cgroup_root=host["cgroup_root"], **{"ipv6": True, **options})
+
+
+def logged(tmp_path: Path, name: str) -> list[Any]:
+    path = tmp_path / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_docker_gets_the_env_secrets_and_the_token_only_through_a_private_env_file(
+    tmp_path: Path, host: dict[str, str]
+) -> None:
+    runtime = runtimes.DockerRuntime(host["docker"])
+
+    block(runtime, host)
+    runtime.start(
+        A_RUN, {"GPUJOBS_JOB_ID": "job-7"}, {"HF_TOKEN": HF_TOKEN, "AWS_CONTAINER_AUTHORIZATION_TOKEN": "tok"}
+    )
     assert runtime.wait() == 0
 
-    (run,) = (json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines())
+    _info, run = logged(tmp_path, "docker")
     assert run["argv"][run["argv"].index("--user") + 1] == "10001:10001"
     assert run["mode"] == "0o600"
-    assert f"HF_TOKEN={HF_TOKEN}\n" in run["file"]
+    assert run["file"] == f"AWS_CONTAINER_AUTHORIZATION_TOKEN=tok\nGPUJOBS_JOB_ID=job-7\nHF_TOKEN={HF_TOKEN}\n"
     assert HF_TOKEN not in json.dumps(run["argv"])
     assert HF_TOKEN not in json.dumps(run["env"])
     assert "tok" not in run["env"].values()
+    assert "GPUJOBS_JOB_ID" not in run["env"]  # the job's env never steers the root docker client
     assert not Path(run["argv"][run["argv"].index("--env-file") + 1]).exists()  # removed once the container ended
 
 
-def test_without_the_imds_rule_the_container_is_not_started(tmp_path: Path) -> None:
-    runtime = runtimes.DockerRuntime("docker")
-    iptables = a_fake(tmp_path, "iptables", "import sys; sys.stderr.write('no permission'); sys.exit(4)")
+@pytest.mark.parametrize(("driver", "parent"), [("cgroupfs", "/gpujobs"), ("systemd", "gpujobs.slice")])
+def test_imds_is_refused_to_the_containers_cgroup_over_ipv4_and_ipv6_whatever_its_uid(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, driver: str, parent: str
+) -> None:
+    monkeypatch.setenv("FAKE_DOCKER_INFO", DAEMON.replace("cgroupfs", driver))
+    runtime = runtimes.DockerRuntime(host["docker"])
 
-    with pytest.raises(errors.BootstrapError, match="cannot block IMDS for uid 10001: no permission"):
-        runtime.block_imds(10001, iptables=iptables)
+    block(runtime, host)
+    runtime.start(A_RUN, {})
+    assert runtime.wait() == 0
+
+    path = "/" + parent.lstrip("/")
+    assert (tmp_path / "cgroup" / path.lstrip("/")).is_dir()  # made before the rules name it
+    inserted = [call for call in logged(tmp_path, "iptables") if call[1] == "-I"]
+    assert inserted == [
+        ["iptables", "-I", "OUTPUT", "-d", "169.254.169.254", "-m", "cgroup", "--path", path, "-j", "REJECT"],
+        ["ip6tables", "-I", "OUTPUT", "-d", "fd00:ec2::254", "-m", "cgroup", "--path", path, "-j", "REJECT"],
+    ]
+    assert not any("--uid-owner" in call for call in logged(tmp_path, "iptables"))
+    _info, run = logged(tmp_path, "docker")
+    argv = run["argv"]
+    assert argv[argv.index("--cgroup-parent") + 1] == parent
+    assert argv[argv.index("--security-opt") + 1] == "no-new-privileges"
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert "--cap-add" not in argv
+    assert "--privileged" not in argv
+    assert not any("seccomp" in a or "unconfined" in a for a in argv)  # docker's default profile applies
+
+
+def test_a_present_rule_is_not_inserted_twice_and_a_host_without_ipv6_gets_the_ipv4_rule(
+    tmp_path: Path, host: dict[str, str]
+) -> None:
+    present = FAKE_IPTABLES.replace('sys.exit(1 if sys.argv[1] == "-C" else 0)', "sys.exit(0)")
+    host["iptables"] = a_fake(tmp_path, "iptables", present)
+
+    block(runtimes.DockerRuntime(host["docker"]), host, ipv6=False)
+
+    assert [call[:2] for call in logged(tmp_path, "iptables")] == [["iptables", "-C"]]
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        ("ip6tables", "ip6tables: no permission"),
+        ("iptables", "iptables: no permission"),
+        ("cgroup-v1", "docker runs containers under cgroup v1: the IMDS rule needs cgroup v2"),
+        ("seccomp-off", "without a seccomp profile"),
+        ("systemctl", "cannot start gpujobs.slice: no systemd"),
+    ],
+)
+def test_without_the_imds_rule_the_container_is_not_started(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, broken: str, reason: str
+) -> None:
+    failing = "import sys; sys.stderr.write('no permission'); sys.exit(1 if sys.argv[1] == '-C' else 4)"
+    if broken in ("iptables", "ip6tables"):
+        host[broken] = a_fake(tmp_path, broken, failing)
+    elif broken == "systemctl":
+        monkeypatch.setenv("FAKE_DOCKER_INFO", DAEMON.replace("cgroupfs", "systemd"))
+        host["systemctl"] = a_fake(tmp_path, "systemctl", "import sys; sys.stderr.write('no systemd'); sys.exit(1)")
+    else:
+        daemon = {"cgroup-v1": DAEMON.replace(" 2 ", " 1 "), "seccomp-off": 'cgroupfs 2 ["name=apparmor"]'}[broken]
+        monkeypatch.setenv("FAKE_DOCKER_INFO", daemon)
+    runtime = runtimes.DockerRuntime(host["docker"])
+
+    with pytest.raises(errors.BootstrapError, match=r"^cannot block IMDS for the container: ") as refused:
+        block(runtime, host)
+
+    assert reason in str(refused.value)
+    assert runtime.cgroup_parent == ""
+
+
+def test_a_bootstrap_that_cannot_block_imds_reports_it_and_never_pulls_or_runs(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    # Given an instance whose docker runs containers under cgroup v1 (no cgroup match for the rule)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    a_fake(fake_bin, "docker", FAKE_DOCKER)
+    a_fake(fake_bin, "shutdown", "")
+    doc = a_document(tmp_path, bus, **job_access())
+    env = {
+        "PATH": str(fake_bin),
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FAKE_DOCKER_LOG": str(tmp_path / "docker.jsonl"),
+        "FAKE_DOCKER_INFO": DAEMON.replace(" 2 ", " 1 "),
+    }
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
+        env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = imds.endpoint
+        argv = [sys.executable, str(BOOTSTRAP), "--runtime", "docker", "--no-shutdown"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    # Then the attempt fails as the bootstrap's, saying why, and docker was asked nothing but `info`
+    (exited,) = bus.exits()
+    assert done.returncode == exited["exit_code"] == EXIT_BOOTSTRAP_FAILED, done.stdout + done.stderr
+    assert exited["reason"] == "bootstrap-failed"
+    assert "cannot block IMDS for the container: docker runs containers under cgroup v1" in exited["message"]
+    assert [call["argv"][0] for call in logged(tmp_path, "docker")] == ["info"]
 
 
 def test_a_private_env_file_is_readable_by_its_owner_only() -> None:

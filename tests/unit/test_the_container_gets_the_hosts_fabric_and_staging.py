@@ -105,8 +105,9 @@ def test_checkpoints_stage_on_the_instance_store_only_when_the_type_has_one_and_
 
 
 FAKE_DOCKER = """import json, os, sys
+argv = sys.argv[1:]
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
-    log.write(json.dumps(sys.argv[1:]) + "\\n")
+    log.write(json.dumps(argv + [open(argv[argv.index("--env-file") + 1]).read()]) + "\\n")
 """
 
 
@@ -127,7 +128,7 @@ def a_docker_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, devices: li
     assert Path(folder).parent == tmp_path / "data"
     assert uid == 10001
     (argv,) = (json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines())
-    return list(argv)
+    return list(argv)  # the last item: what the container's env file held
 
 
 def test_docker_run_on_an_efa_host_gets_each_device_and_an_unlimited_memlock(
@@ -141,7 +142,7 @@ def test_docker_run_on_an_efa_host_gets_each_device_and_an_unlimited_memlock(
     assert argv[argv.index("--ulimit") + 1] == "memlock=-1:-1"
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "--mount"]
     assert any(m.endswith(",dst=/var/lib/gpujobs/checkpoints") for m in mounts)
-    assert "GPUJOBS_LOCAL_CHECKPOINT_DIR" in argv  # its value through docker's environment, as every -e
+    assert "GPUJOBS_LOCAL_CHECKPOINT_DIR=/var/lib/gpujobs/checkpoints\n" in argv[-1]  # through the env file
 
 
 def test_docker_run_without_efa_gets_no_device_and_the_default_memlock(

@@ -3,11 +3,16 @@
 `gpujobs submit` packs a local folder and uploads it under the job's prefix (or the spec names an
 archive in S3 the job may read); the launcher unpacks it before the command starts, so a job ships
 new code without a new image. The archive is untrusted input: its bytes must have the SHA-256 the
-job carries (when it carries one), and only regular files and folders at relative paths inside the
-working directory are written. Absolute paths, ``..``, links of either kind, devices and FIFOs
-refuse the whole archive before anything is written, and so does an archive that unpacks to more
-than `MAX_UNPACKED_BYTES`. Files keep their permission bits, less setuid/setgid/sticky, and are
-opened with O_NOFOLLOW.
+job carries, and an archive without one is refused (the object could be replaced in S3 between
+submit and any attempt, by whoever may write that key); `gpujobs submit` computes the digest of a
+folder it packs, a spec naming an `s3://` archive must give `code_sha256`. Only regular files and
+folders at relative paths inside the working directory are written. Absolute paths, ``..``, links
+of either kind, devices and FIFOs refuse the whole archive before anything is written, and so does
+an archive that unpacks to more than `MAX_UNPACKED_BYTES`. Files keep their permission bits, less
+setuid/setgid/sticky (and group/other write), and are opened with O_NOFOLLOW. Beneath these checks,
+each member also passes tarfile's own `data` filter (PEP 706) where this Python has it (3.11.4+,
+3.10.12+, 3.9.17+, 3.12+): it refuses a member that a link already in the working directory (the
+image's own) would lead outside it; without it, the checks above stand alone.
 
 A refused or unreadable archive is a configuration error (exit 78): another attempt would fetch
 the same bytes.
@@ -29,6 +34,8 @@ from gpujobs_trainer.errors import ConfigError
 log = logging.getLogger("gpujobs_trainer.code_archive")
 
 MAX_UNPACKED_BYTES = 2 * 1024**3
+_DATA_FILTER = getattr(tarfile, "data_filter", None)
+"""PEP 706's `data` filter, absent before Python 3.11.4 / 3.10.12 / 3.9.17."""
 MAX_MEMBERS = 100_000
 _CHUNK = 1024 * 1024
 
@@ -42,6 +49,11 @@ def fetch(uri: str, expected_sha256: str, into: Path, *, s3: Any = None) -> Path
     parsed = urlparse(uri)
     if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
         raise CodeArchiveError(f"code {uri!r} is not s3://bucket/key")
+    if not expected_sha256:
+        raise CodeArchiveError(
+            f"code archive {uri} comes without code_sha256: refused, its bytes could have been replaced "
+            "in S3 since submit (give the spec's code_sha256; gpujobs submit computes it for a folder it packs)"
+        )
     if s3 is None:
         import boto3
 
@@ -53,11 +65,10 @@ def fetch(uri: str, expected_sha256: str, into: Path, *, s3: Any = None) -> Path
         s3.download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
     except ClientError as exc:
         raise CodeArchiveError(f"cannot read the code archive {uri}: {exc}") from exc
-    if expected_sha256:
-        with open(target, "rb") as handle:
-            actual = hashlib.file_digest(handle, "sha256").hexdigest()
-        if actual != expected_sha256:
-            raise CodeArchiveError(f"code archive {uri} has SHA-256 {actual}, the job names {expected_sha256}")
+    with open(target, "rb") as handle:
+        actual = hashlib.file_digest(handle, "sha256").hexdigest()
+    if actual != expected_sha256:
+        raise CodeArchiveError(f"code archive {uri} has SHA-256 {actual}, the job names {expected_sha256}")
     return target
 
 
@@ -86,6 +97,8 @@ def unpack(archive: Path, dest: Path) -> int:
     try:
         with tarfile.open(archive, "r:gz") as tar:
             checked = check_members(tar.getmembers())
+            if _DATA_FILTER is not None:  # all first, so a refusal still writes nothing (the archive adds no link)
+                checked = [(path, _DATA_FILTER(member, str(dest))) for path, member in checked]
             written = 0
             for path, member in checked:
                 target = dest.joinpath(*path.parts)

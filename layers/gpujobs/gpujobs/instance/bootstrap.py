@@ -33,7 +33,7 @@ from typing import Any
 
 from gpujobs.instance import aws
 from gpujobs.instance.cloudwatch_logs import LogShipper
-from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRAP_FAILED, WORKLOAD_UID, job_log_stream
+from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRAP_FAILED, job_log_stream
 from gpujobs.instance.credentials import JobCredentials
 from gpujobs.instance.errors import StoppedError
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
@@ -167,7 +167,7 @@ def _run(
         agent = HostAgent(job, imds).start()
         agent_env, private = agent.workload_env()
         if isinstance(runtime, DockerRuntime):
-            runtime.block_imds(WORKLOAD_UID)
+            runtime.block_imds()
         log(f"the workload gets the job role's credentials from {agent.endpoint}")
     else:
         log("the document names no job role: the workload runs with this instance's credentials")

@@ -14,7 +14,7 @@ TAG_JOB_ID = "gpujobs:job-id"
 TAG_ATTEMPT = "gpujobs:attempt"
 """Instance tag the launcher sets: the attempt number, in decimal."""
 WORKLOAD_UID = 10001
-"""The uid the container runs as (the training image's USER): the uid whose IMDS traffic is refused."""
+"""The uid the container runs as (the training image's USER; `docker run --user`), owner of its mounted folders."""
 
 EVENT_SOURCE = "gpujobs.instance"
 """Source of the exit event the bootstrap publishes."""

@@ -7,8 +7,9 @@ One HTTP server on the host's loopback (the container shares it through `--netwo
 * a filtered IMDSv2: the token `PUT` and the two notices the trainer's watcher polls (spot
   `instance-action`, rebalance recommendation), relayed from the real IMDS. Nothing else of the
   instance's metadata, and never the instance role's credentials, is served.
-The container's uid cannot reach the real IMDS (`DockerRuntime.block_imds`), so these two paths are
-all the metadata it has. See docs/instance.md, "Per-job credentials".
+The container's control group cannot reach the real IMDS (`DockerRuntime.block_imds`,
+`confinement.py`), so these two paths are all the metadata it has; the agent itself runs in the
+bootstrap's group, which keeps IMDS. See docs/instance.md, "Per-job credentials".
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The spec and the run document carry references only (`arn:aws:secretsmanager:...
 `ssm:/path`), so user data, the jobs table, S3 and events never hold a value. The bootstrap reads
 each value with the job role's session, whose policy admits only the team's secrets
 (`gpujobs/<team>/...`), and hands the values to the workload privately: for docker, a 0600 env
-file in a 0700 folder (`docker run --env-file`), never the docker client's environment or argv;
+file in a 0700 folder (`docker run --env-file`, which carries the job's whole environment), never
+the docker client's environment or argv;
 for the process runtime, the child's environment only. Errors name the variable and the
 reference, never a value.
 """
@@ -42,13 +43,20 @@ def _read(ref: str, clients: Clients) -> str:
     raise BootstrapError(f"secret reference {ref!r} is neither a Secrets Manager ARN nor ssm:/path")
 
 
+def refuse_line_breaks(values: dict[str, str]) -> None:
+    """docker's `--env-file` is read line by line: a value holding a line break cannot travel in it."""
+    bad = sorted(name for name, value in values.items() if "\n" in value or "\r" in value)
+    if bad:
+        raise BootstrapError(f"{', '.join(bad)}: a line break cannot travel in docker's --env-file")
+
+
 class EnvFile:
-    """A private env file for `docker run --env-file`: 0600 in a fresh 0700 folder, removed by `close`."""
+    """A private env file for `docker run --env-file`: 0600 in a fresh 0700 folder, removed by `close`.
+
+    docker passes each value on as it is (no quotes, no trimming), one `NAME=value` per line."""
 
     def __init__(self, values: dict[str, str]) -> None:
-        bad = sorted(name for name, value in values.items() if "\n" in value or "\r" in value)
-        if bad:
-            raise BootstrapError(f"{', '.join(bad)}: a line break cannot travel in docker's --env-file")
+        refuse_line_breaks(values)
         self.folder = tempfile.mkdtemp(prefix="gpujobs-env-")  # mode 0700
         self.path = os.path.join(self.folder, "env")
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -2,11 +2,13 @@
 
 `docker` runs on EC2 (ECR login with the password on stdin, pull, `docker run`); `process` runs the
 command as a local process (the local cloud, tests), directly or through an engine called as
-`docker run` is (`ENGINE IMAGE COMMAND...`). Both start from an argv list, never a shell,
-and `docker run` gets env names only (`-e NAME`), the values through its environment, so no job
-string is parsed by a shell or shown by `ps`. What is private (secret values, the credentials
-token) goes neither there nor on argv: docker reads it from a 0600 `--env-file`, a process gets it
-in its own environment only. Devices and mounts for the container belong in `DockerRuntime.start`.
+`docker run` is (`ENGINE IMAGE COMMAND...`). Both start from an argv list, never a shell, so no job
+string is parsed by a shell. `docker run` gets the workload's whole environment (the job's env and
+what is private: secret values, the credentials token) from one 0600 `--env-file`, never argv
+(`ps`) nor the docker client's own environment, where a job's `GODEBUG`, `HTTPS_PROXY` or
+`SSL_CERT_FILE` would steer the root docker client itself; a process gets it in its own environment
+only. Devices and mounts for the container belong in `DockerRuntime.start`, its confinement
+(capabilities, no-new-privileges, the IMDS rule) in `confinement.py`.
 
 The workload's output goes to CloudWatch Logs once `send_output_to` names a stream: docker's own
 `awslogs` driver on EC2 (non-blocking, so a slow CloudWatch never stalls a training step's print;
@@ -38,12 +40,14 @@ import tempfile
 import threading
 from typing import IO, Any
 
+from gpujobs.instance import confinement
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
 from gpujobs.instance.cloudwatch_logs import LogShipper, pump
 from gpujobs.instance.contract import WORKLOAD_UID, container_name
 from gpujobs.instance.errors import BootstrapError
-from gpujobs.instance.job_secrets import EnvFile
+from gpujobs.instance.job_secrets import EnvFile, refuse_line_breaks
+from gpujobs.instance.log import log
 
 _ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?=/)")
 HOST_DATA_DIR = "/var/lib/gpujobs"
@@ -199,29 +203,47 @@ class DockerRuntime(Runtime):
         super().__init__()
         self.docker = shutil.which(docker) or docker  # resolved now: the job's env may set PATH
         self.name = ""
-        self.user: int | None = None
+        self.user = WORKLOAD_UID
+        self.cgroup_parent = ""
+        """`--cgroup-parent`, once `block_imds` has refused IMDS to that group."""
         self.env_file: EnvFile | None = None
         self.log_options: list[str] = []
         self.mounts: list[str] = []
         self.devices: list[str] = []
 
-    def block_imds(self, uid: int, iptables: str = "iptables") -> None:
-        """Refuse the instance metadata service to `uid`, and run the container as that uid.
+    def block_imds(
+        self,
+        *,
+        iptables: str = "iptables",
+        ip6tables: str = "ip6tables",
+        systemctl: str = "systemctl",
+        cgroup_root: str | None = None,
+        cgroup_name: str = confinement.CGROUP_NAME,
+        ipv6: bool | None = None,
+    ) -> None:
+        """Refuse IMDS (IPv4 and IPv6) to the container's control group, and run the container there.
 
-        With `--network host` the container's packets leave from the host's own network namespace,
-        so the hop limit does not stop them; an `owner` rule in OUTPUT does. Failing to install it
-        fails the bootstrap: the container would otherwise reach the instance role.
+        The group is made first, then the rules name it (`confinement.py` says why by the group and
+        not the uid). Any failure fails the bootstrap: the container would otherwise reach the
+        instance role.
         """
-        rule = ["OUTPUT", "-d", "169.254.169.254", "-m", "owner", "--uid-owner", str(uid), "-j", "REJECT"]
-        binary = shutil.which(iptables) or iptables
-        present = subprocess.run([binary, "-C", *rule], capture_output=True, check=False)
-        if present.returncode != 0:
-            done = subprocess.run([binary, "-I", *rule], capture_output=True, check=False)
-            if done.returncode != 0:
-                raise BootstrapError(f"cannot block IMDS for uid {uid}: {done.stderr.decode()[-300:]}")
-        self.user = uid
+        try:
+            driver = confinement.check_daemon(self._docker_output("info", "--format", confinement.DAEMON_FORMAT))
+            parent, path = confinement.cgroup_parent(driver, cgroup_name)
+            root = cgroup_root or confinement.cgroup2_root()
+            confinement.make_cgroup(driver, path, root=root, systemctl=systemctl)
+            rules = confinement.imds_rules(path)
+            if not (confinement.has_ipv6() if ipv6 is None else ipv6):
+                log("this host has no IPv6 stack: IMDS's fd00:ec2::254 is unreachable, only the IPv4 rule is needed")
+                rules = [(tool, rule) for tool, rule in rules if tool == "iptables"]
+            confinement.install_rules(rules, {"iptables": iptables, "ip6tables": ip6tables})
+        except (BootstrapError, OSError) as exc:  # OSError: the cgroup folder or mount table
+            raise BootstrapError(f"cannot block IMDS for the container: {exc}") from None
+        self.cgroup_parent = parent
+        log(f"IMDS is refused to the container's control group {parent} ({driver} driver)")
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
+        refuse_line_breaks({**doc["env"], **doc["trainer_env"]})  # before the pull: start() could not pass them
         image = doc["image"]
         ecr = _ECR_IMAGE.match(image)
         if ecr:
@@ -255,27 +277,34 @@ class DockerRuntime(Runtime):
         self.devices = list(devices)
 
     def _docker(self, *args: str, stdin: str = "") -> None:
-        done = subprocess.run([self.docker, *args], input=stdin.encode(), capture_output=True, check=False)
+        self._docker_output(*args, stdin=stdin)
+
+    def _docker_output(self, *args: str, stdin: str = "") -> str:
+        try:
+            done = subprocess.run([self.docker, *args], input=stdin.encode(), capture_output=True, check=False)
+        except OSError as exc:
+            raise BootstrapError(f"docker {args[0]} failed: {exc.strerror}") from None
         if done.returncode != 0:
             raise BootstrapError(f"docker {args[0]} failed ({done.returncode}): {done.stderr.decode()[-500:]}")
+        return done.stdout.decode(errors="replace")
 
     def start(self, doc: dict[str, Any], env: dict[str, str], private: dict[str, str] | None = None) -> None:
         self.name = container_name(doc["job_id"], doc["attempt"])
         argv = [self.docker, "run", "--rm", "--name", self.name]
         argv += ["--gpus", "all"] if doc["gpus_per_node"] > 0 else []
         argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
-        argv += ["--user", f"{self.user}:{self.user}"] if self.user is not None else []
+        argv += ["--user", f"{self.user}:{self.user}", *confinement.OPTIONS]
+        argv += ["--cgroup-parent", self.cgroup_parent] if self.cgroup_parent else []
         if self.devices:
             argv += ["--ulimit", "memlock=-1:-1", *(f"--device={device}" for device in self.devices)]
         argv += self.log_options
         for mount in self.mounts:
             argv += ["--mount", mount]
-        if private:
-            self.env_file = EnvFile(private)
+        workload = {**env, **(private or {})}
+        if workload:  # the only way the job's env reaches docker: never its argv or its environment
+            self.env_file = EnvFile(workload)
             argv += ["--env-file", self.env_file.path]
-        for key in sorted(env):
-            argv += ["-e", key]  # the value comes from this process's environment, never argv
-        self._popen([*argv, doc["image"], *doc["command"]], {**os.environ, **env})
+        self._popen([*argv, doc["image"], *doc["command"]], dict(os.environ))
 
     def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
         del clients  # the daemon writes with the instance role's credentials
