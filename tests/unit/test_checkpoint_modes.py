@@ -68,8 +68,9 @@ def test_code_in_s3_travels_with_its_digest() -> None:
         ({"code": "s3://bucket-only"}, "code: 's3://bucket-only' is not s3://bucket/key"),
         ({"code_sha256": "a" * 64}, "code_sha256: only for an s3:// code archive"),
         ({"code": CODE, "code_sha256": "not-hex"}, "code_sha256: must be a SHA-256 in lowercase hex"),
+        ({"code": CODE}, "(spec): code_sha256: required with an s3:// code archive"),
     ],
-    ids=["local-folder-in-the-queue", "no-key", "digest-alone", "bad-digest"],
+    ids=["local-folder-in-the-queue", "no-key", "digest-alone", "bad-digest", "unpinned-archive"],
 )
 def test_code_the_control_plane_could_not_fetch_is_refused(fields: dict[str, str], problem: str) -> None:
     with pytest.raises(SpecError) as raised:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpujobs.domain.spec import Capacity, IdleAction, IdlePolicy, JobSpec, json_schema, load_spec, parse_document
+from gpujobs.domain.spec_errors import SpecError
 
 MINIMAL_YAML = """\
 name: digits
@@ -146,10 +147,15 @@ def test_shell_looking_strings_are_preserved_exactly_in_json(literal: str) -> No
         }
     )
 
+    if "\n" in literal:  # docker's --env-file, the only way env reaches the container, is line-based
+        with pytest.raises(SpecError, match="a value may not hold a line break"):
+            load_spec(document)
+        document = document.replace('"ARG": ' + json.dumps(literal), '"ARG": "one line"')
+
     spec = load_spec(document)
 
     assert spec.command == ["python", "-c", literal]
-    assert spec.env == {"ARG": literal}
+    assert spec.env == {"ARG": literal if "\n" not in literal else "one line"}
 
 
 def test_shell_looking_strings_are_preserved_exactly_in_yaml() -> None:
@@ -168,3 +174,14 @@ instance_types: [g5.xlarge]
 
     assert spec.command == ["sh", "-c", "echo $(date) `id` \"q\" 's'; exit 0"]
     assert spec.env == {"SUBST": "$(whoami)", "TICKS": "`uname`", "MIXED": "a;b 'c' \"d\""}
+
+
+def test_an_env_value_with_a_line_break_is_refused_naming_the_variable() -> None:
+    """docker's --env-file, the only way env values reach the container, is read line by line (a
+    carriage return is refused already, as a control character)."""
+    from gpujobs.domain.spec import validate_spec
+
+    with pytest.raises(SpecError) as raised:
+        validate_spec({**json.loads(FULL_JSON), "env": {"LR": "0.1", "PROMPT": "first\nsecond"}})
+
+    assert raised.value.problems == ["env: 'PROMPT': a value may not hold a line break"]

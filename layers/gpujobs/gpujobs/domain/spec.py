@@ -223,6 +223,9 @@ class JobSpec(BaseModel):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         bad = _name_problems(env)
+        bad += [  # docker's --env-file, the only way values reach the container, is read line by line
+            f"{k!r}: a value may not hold a line break" for k, v in env.items() if "\n" in v
+        ]
         bad += [
             f"{k!r} looks like {kind}: pass credentials with the spec's `secrets:` field, never in env"
             for k, v in env.items()
@@ -280,6 +283,17 @@ class JobSpec(BaseModel):
         if digest is not None and not (code and code.startswith("s3://")):
             raise ValueError("only for an s3:// code archive (submit computes it for a folder it packs)")
         return digest
+
+    @model_validator(mode="after")
+    def _an_s3_archive_is_pinned(self) -> JobSpec:
+        """The launcher runs only the bytes `code_sha256` pins: an s3:// archive without it is refused
+        here, at submit, rather than by every attempt's launcher (exit 78)."""
+        if self.code and self.code.startswith("s3://") and self.code_sha256 is None:
+            raise ValueError(
+                "code_sha256: required with an s3:// code archive, the launcher runs only the bytes it pins"
+                " (`gpujobs submit` computes it for a folder it packs)"
+            )
+        return self
 
     @field_validator("instance_types")
     @classmethod
