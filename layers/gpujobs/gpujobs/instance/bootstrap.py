@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shlex
 import signal
 import subprocess
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     state: dict[str, Any] = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")}
     bootstrap_log = LogShipper(lambda: aws.client("logs", state["region"]))
     SINKS.append(bootstrap_log.write)
+    log(f"Python {platform.python_version()} at {sys.executable}")
     try:
         code, message = _run(args, stopper, state, bootstrap_log)
         reason = "exited"
