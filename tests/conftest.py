@@ -89,7 +89,7 @@ class BootstrapPython:
 
 
 @functools.cache
-def _ami_bootstrap_python(version: str) -> BootstrapPython:
+def ami_bootstrap_python(version: str) -> BootstrapPython:
     """`tests.ami_pythons.ami_python(version)`, once a session; skipped where the interpreter is
     missing, failed on CI."""
     try:
@@ -110,7 +110,7 @@ def _ami_bootstrap_python(version: str) -> BootstrapPython:
 @pytest.fixture(params=list(AMI_PYTHONS), ids=[f"py{v}" for v in AMI_PYTHONS])
 def old_python(request: pytest.FixtureRequest) -> BootstrapPython:
     """Each AMI's oldest python3 (3.9, 3.10), in an environment holding only boto3 (tests/ami_pythons.py)."""
-    return _ami_bootstrap_python(request.param)
+    return ami_bootstrap_python(request.param)
 
 
 @pytest.fixture(params=["", *AMI_PYTHONS], ids=["this-python", *(f"py{v}" for v in AMI_PYTHONS)])
@@ -118,4 +118,4 @@ def bootstrap_python(request: pytest.FixtureRequest) -> BootstrapPython:
     """The interpreters a bootstrap process is run under: this one, then each AMI's oldest (`old_python`)."""
     if not request.param:
         return BootstrapPython(path=sys.executable, version=platform.python_version())
-    return _ami_bootstrap_python(request.param)
+    return ami_bootstrap_python(request.param)
