@@ -782,7 +782,7 @@ def store_bootstrap(endpoint: str, body: bytes) -> None:
 
 
 def run_the_shell_part(
-    tmp_path: Path, moto_endpoint: str, doc: RunDocument, python: str = sys.executable
+    tmp_path: Path, moto_endpoint: str, doc: RunDocument, python: str = sys.executable, **extra_env: str
 ) -> tuple[int, Path]:
     """cloud-init's view: the shell part alone, default (docker) runtime, a docker that runs no container.
     `python` is the AMI's `python3`: the one with boto3 that the shell part finds on PATH."""
@@ -790,7 +790,7 @@ def run_the_shell_part(
     log = tmp_path / "bootstrap.log"
     script.write_text(bootstrap_script(bucket=BUCKET, region=REGION).replace(BOOTSTRAP_LOG, str(log)))
     python_bin = str(Path(python).parent)
-    fake_bin = a_fake_bin(tmp_path)
+    fake_bin = tmp_path / "bin" if (tmp_path / "bin").exists() else a_fake_bin(tmp_path)
     (fake_bin / "docker").write_text(f"#!{sys.executable}\n{CONTAINERLESS_DOCKER}")
     (fake_bin / "docker").chmod(0o755)
     env = {
@@ -798,6 +798,7 @@ def run_the_shell_part(
         "AWS_ENDPOINT_URL": moto_endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
+        **extra_env,
     }
     with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = imds.endpoint
@@ -822,6 +823,38 @@ def test_bash_runs_the_user_data_shell_part_as_is(
     assert seen["env"]["GPUJOBS_INSTANCE_ID"] == INSTANCE_ID
     assert [e["exit_code"] for e in bus.exits()] == [5]
     assert (tmp_path / "shutdown").read_text() == "-h now"
+
+
+FAILING_DNF = """import json, os, sys
+open(os.environ["DNF_CALLS"], "a").write(json.dumps(sys.argv[1:]) + "\\n")
+print("Error: Failed to download metadata for repo 'amazonlinux'", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_a_gpu_job_whose_cloudwatch_agent_cannot_be_installed_runs_and_reports_idle_detection_off(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, old_python: BootstrapPython
+) -> None:
+    # given an AMI without the CloudWatch agent whose dnf cannot reach its repository (a GPU job, docker)
+    assert not Path(cloudwatch_agent.CW_AGENT_CTL).exists()
+    store_bootstrap(moto_endpoint, bootstrap_bundle())
+    dnf = a_fake_bin(tmp_path) / "dnf"
+    dnf.write_text(f"#!{sys.executable}\n{FAILING_DNF}")
+    dnf.chmod(0o755)
+    doc = a_document(tmp_path, bus, exit_code=0, gpus_per_node=1)
+
+    returncode, log = run_the_shell_part(
+        tmp_path, moto_endpoint, doc, python=old_python.path, DNF_CALLS=str(tmp_path / "dnf.calls")
+    )
+
+    # then the job still ran, the bootstrap tried to install the agent, and said loudly that it could not
+    assert returncode == 0, log.read_text()
+    assert (tmp_path / "dnf.calls").read_text() == '["install", "-y", "amazon-cloudwatch-agent"]\n'
+    why = "unavailable: dnf install amazon-cloudwatch-agent failed (1): Error: Failed to download metadata for repo"
+    assert f"IDLE DETECTION IS OFF for this instance: the CloudWatch agent is {why}" in log.read_text()
+    [exited] = bus.exits()
+    assert (exited["exit_code"], exited["reason"]) == (0, "exited")
+    assert exited["gpu_metrics"].startswith(why)
 
 
 def test_the_loader_refuses_a_bootstrap_swapped_in_s3_and_powers_off(
