@@ -34,7 +34,7 @@ class FakeHost(System):
         programs: Sequence[str] = (),
         agent: bool = False,
         distro: str = "amzn",
-        answers: dict[str, tuple[int, str]] | None = None,
+        answers: dict[str, Any] | None = None,
         downloads: dict[str, bytes] | None = None,
     ) -> None:
         self.programs = set(programs)
@@ -44,6 +44,7 @@ class FakeHost(System):
         self.downloads = downloads or {}
         self.calls: list[list[str]] = []
         self.fetched: list[str] = []
+        self.slept: list[float] = []
 
     def which(self, program: str) -> str | None:
         return f"/usr/bin/{program}" if program in self.programs else None
@@ -53,7 +54,8 @@ class FakeHost(System):
 
     def run(self, argv: Sequence[str], env: dict[str, str] | None = None) -> tuple[int, str]:
         self.calls.append(list(argv))
-        code, output = self.answers.get(Path(argv[0]).name, (0, ""))
+        answer = self.answers.get(Path(argv[0]).name, (0, ""))
+        code, output = answer.pop(0) if isinstance(answer, list) else answer
         if code == 0 and argv[0] in ("dnf", "dpkg"):
             self.files[CW_AGENT_CTL] = ""  # the package puts the agent in place
         return code, output
@@ -72,6 +74,9 @@ class FakeHost(System):
 
     def machine(self) -> str:
         return "x86_64"
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
 
 
 def set_up(host: System) -> tuple[str, list[str]]:
@@ -236,4 +241,30 @@ def test_ubuntu_refuses_a_deb_the_pinned_key_did_not_sign(
 
     assert status == f"unavailable: the agent's .deb is not signed by key {signed['fpr']}: refused"
     assert not [call for call in host.calls if call[0] == "dpkg"]
+    assert said[-1].startswith("IDLE DETECTION IS OFF")
+
+
+def test_ubuntu_waits_out_the_dpkg_lock_unattended_upgrades_hold_after_boot(
+    signed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cloudwatch_agent, "AGENT_KEY_FINGERPRINT", signed["fpr"])
+    host = ubuntu_host(signed["deb"], signed["aws"], signed["aws_key"])
+    locked = (2, "dpkg: error: dpkg frontend lock was locked by another process with pid 812")
+    host.answers["dpkg"] = [locked, locked, (0, "Setting up amazon-cloudwatch-agent")]
+
+    status, _ = set_up(host)
+
+    assert status.startswith("CloudWatch agent installed from")
+    assert len([call for call in host.calls if call[0] == "dpkg"]) == 3
+    assert host.slept == [10, 10]
+
+
+def test_an_unexpected_failure_still_ends_in_one_unavailable_status() -> None:
+    class Broken(FakeHost):
+        def write(self, path: str, text: str) -> None:
+            raise UnicodeError("surprise")
+
+    status, said = set_up(Broken(agent=True))
+
+    assert status == "unavailable: UnicodeError: surprise"
     assert said[-1].startswith("IDLE DETECTION IS OFF")

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,9 @@ AGENT_KEY_FINGERPRINT = "937616F3450B7D806CBD9725D58167303B789C72"
 DEB_PLATFORMS = ("ubuntu", "debian")
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 INSTALL_TIMEOUT = 600
+DPKG_LOCK_TRIES = 12
+"""Ubuntu's unattended upgrades hold dpkg's lock for a while after boot: `dpkg -i` is tried again,
+every 10 s, while its output says the lock is taken."""
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
 UNAVAILABLE = "unavailable"
 """How `GpuMetrics.status` starts when the agent does not run."""
@@ -110,6 +114,9 @@ class System:
     def machine(self) -> str:
         return platform.machine()
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
 
 def _tail(output: str) -> str:
     lines = [line for line in output.strip().splitlines() if line.strip()]
@@ -143,7 +150,11 @@ def _install_deb(system: System, region: str, distro: str) -> str:
             _verify(system, env, key=key, sig=sig, deb=deb)
         finally:  # gpg starts an agent for its keyring; it must not outlive the keyring
             system.run(["gpgconf", "--kill", "all"], env=env)
-        code, output = system.run(["dpkg", "-i", "-E", deb])
+        for _ in range(DPKG_LOCK_TRIES):
+            code, output = system.run(["dpkg", "-i", "-E", deb])
+            if code == 0 or "lock" not in output:
+                break
+            system.sleep(10)
         if code != 0:
             raise AgentUnavailableError(f"dpkg -i amazon-cloudwatch-agent.deb failed ({code}): {_tail(output)}")
     return f"installed from {url}"
@@ -212,8 +223,9 @@ class GpuMetrics:
         try:
             self.status = start_agent(self._system, self._region)
             self._notify(self.status)
-        except AgentUnavailableError as exc:
-            self.status = f"{UNAVAILABLE}: {exc}"
+        except Exception as exc:  # whatever it was, idle detection is off and must say so
+            why = str(exc) if isinstance(exc, AgentUnavailableError) else f"{type(exc).__name__}: {exc}"
+            self.status = f"{UNAVAILABLE}: {why}"
             self._notify(
                 f"IDLE DETECTION IS OFF for this instance: the CloudWatch agent is {self.status}. No GPU "
                 "metric reaches its idle alarm, which reads missing data as not idle: idle GPUs here are never stopped"
