@@ -24,6 +24,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/hadolint training_image/Dockerfile
+	# What runs on instances needs nothing newer than Python 3.9 (Amazon Linux 2023's python3); userdata.py
+	# is the launch Lambda's side. tests/unit/test_userdata.py checks the shipped bytes and the loader too.
+	$(BIN)/vermin --target=3.9- --no-tips --violations --exclude-regex 'userdata\.py$$' layers/gpujobs/gpujobs/instance/
 
 typecheck: setup
 	$(BIN)/mypy

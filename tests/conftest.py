@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import functools
 import os
+import platform
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -9,6 +14,7 @@ from moto import mock_aws
 from moto.server import ThreadedMotoServer
 
 from gpujobs_local.stack import MotoStack, load_function
+from tests.ami_pythons import AMI_PYTHONS, MissingPythonError, ami_python
 
 __all__ = ["load_function"]
 
@@ -72,3 +78,44 @@ def restored_environ() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@dataclass(frozen=True)
+class BootstrapPython:
+    """An interpreter to run the bootstrap with, and the version it says it is."""
+
+    path: str
+    version: str
+
+
+@functools.cache
+def ami_bootstrap_python(version: str) -> BootstrapPython:
+    """`tests.ami_pythons.ami_python(version)`, once a session; skipped where the interpreter is
+    missing, failed on CI."""
+    try:
+        path = str(ami_python(version))
+    except MissingPythonError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc}: CI must run the bootstrap under Python {version} ({AMI_PYTHONS[version]})")
+        pytest.skip(str(exc))
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"cannot make the Python {version} environment: {exc.cmd}\n{exc.stdout}\n{exc.stderr}")
+    said = subprocess.check_output([path, "-c", "import platform; print(platform.python_version())"], text=True)
+    return BootstrapPython(path=path, version=said.strip())
+
+
+# Function-scoped parameters (the environments are made once, above): a session-scoped parameter would
+# make pytest interleave the modules that use it, restarting their module-scoped moto servers over
+# moto's one in-process state.
+@pytest.fixture(params=list(AMI_PYTHONS), ids=[f"py{v}" for v in AMI_PYTHONS])
+def old_python(request: pytest.FixtureRequest) -> BootstrapPython:
+    """Each AMI's oldest python3 (3.9, 3.10), in an environment holding only boto3 (tests/ami_pythons.py)."""
+    return ami_bootstrap_python(request.param)
+
+
+@pytest.fixture(params=["", *AMI_PYTHONS], ids=["this-python", *(f"py{v}" for v in AMI_PYTHONS)])
+def bootstrap_python(request: pytest.FixtureRequest) -> BootstrapPython:
+    """The interpreters a bootstrap process is run under: this one, then each AMI's oldest (`old_python`)."""
+    if not request.param:
+        return BootstrapPython(path=sys.executable, version=platform.python_version())
+    return ami_bootstrap_python(request.param)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from gpujobs_local.cloud import Delivery, LocalCloud
-from gpujobs_local.session import LOCAL_INSTANCE_TYPES, attach_runner
+from gpujobs_local.session import LOCAL_INSTANCE_TYPES, add_instance_python_option, attach_runner
 from gpujobs_local.stack import MOTO_SENDER
 from gpujobs_local.story import MetricLineFilter
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"team configuration (JSON, docs/deploy.md 'Teams'); moto sends every message as {MOTO_SENDER}, "
         "so list that principal for the teams you submit as (default: none)",
     )
+    add_instance_python_option(parser)
     return parser
 
 
@@ -83,7 +84,7 @@ def up(argv: list[str] | None = None) -> int:
     try:
         print("starting the local cloud ...", file=out, flush=True)
         cloud.start()
-        attach_runner(cloud, workdir=workdir)
+        attach_runner(cloud, workdir=workdir, instance_python=args.instance_python)
         print(f"moto on {cloud.endpoint_url}, stack {cloud.stack_name} from template.yaml\n", file=out)
         print("# in another shell:", file=out)
         for key, value in cloud.exports().items():

@@ -26,7 +26,7 @@ from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
 from gpujobs_cli.artifacts import list_artifacts
 from gpujobs_local.cloud import Delivery
-from gpujobs_local.session import LocalSession, local_session
+from gpujobs_local.session import LocalSession, add_instance_python_option, local_session
 from gpujobs_local.stack import ROOT
 from gpujobs_local.story import MetricLineFilter, Story, story_parser
 
@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = story_parser(prog="gpujobs local demo", description=__doc__)
     parser.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="instances in the gang (default 1)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary folder)")
+    add_instance_python_option(parser)
     args = parser.parse_args(argv)
     out = sys.stdout
     sys.stdout = MetricLineFilter(out)  # Powertools prints its cold-start metric line even when disabled
@@ -244,7 +245,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     with tempfile.TemporaryDirectory(prefix="gpujobs-demo-") as tmp:
         workdir = args.workdir or Path(tmp)
         story.step(f"starting the local cloud (logs in {workdir})")
-        with local_session(workdir=workdir) as session:
+        with local_session(workdir=workdir, instance_python=args.instance_python) as session:
             summary = Demo(session=session, story=story, nodes=args.nodes).run()
     if args.json:
         print(json.dumps(summary, indent=2), file=out)

@@ -3,9 +3,12 @@
 ``InstanceRunner.poll()`` (called every ~0.2 s on the local cloud's loop thread) watches
 ``describe_instances`` for instances tagged ``gpujobs:stack=<stack>``. For each new one it starts a
 fake IMDSv2 (its instance id, launch index, ``local-ipv4`` 127.0.0.1, region, user data read back
-from moto), emits ``EC2 Instance State-change Notification`` ``running``, and spawns
-``python -m gpujobs.instance.bootstrap --runtime process`` in its own session with a fresh local disk
-(``TMPDIR`` under ``workdir/instances/<id>/``). With ``images=True`` (the local cloud's own runner)
+from moto), emits ``EC2 Instance State-change Notification`` ``running``, and spawns the bootstrap
+(``--runtime process``) in its own session with a fresh local disk (``TMPDIR`` under
+``workdir/instances/<id>/``). It runs the bundle an instance's loader runs, unpacked under
+``workdir/bootstrap/``, with ``instance_python``: the AMI's python3 (3.9 on Amazon Linux 2023, 3.10
+on the Ubuntu 22.04 DLAMI; it needs only boto3), or by default this one. The workload is not the
+bootstrap's: the container (``--engine``) and the trainer run with ``python``, the image's here. With ``images=True`` (the local cloud's own runner)
 the job runs as its image would: the bootstrap starts ``python -m gpujobs_local.container --root
 workdir/instances/<id>/rootfs IMAGE COMMAND...`` (``container``), which lays the image's tree there
 and execs its entrypoint, so the image's own paths (the trainer's checkpoint staging folder among
@@ -35,6 +38,7 @@ import datetime as dt
 import logging
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -56,6 +60,7 @@ from gpujobs.contract import (
     UP_STATES,
     WORKLOAD_MAY_RUN_STATES,
 )
+from gpujobs.instance.userdata import bootstrap_command, unpack_bootstrap
 from gpujobs_local.imds import FakeImds
 from gpujobs_local.processes import InstanceProcesses, become_subreaper, free_port
 
@@ -65,6 +70,20 @@ STATE_CHANGE = INSTANCE_STATE_CHANGE
 SPOT_WARNING = SPOT_INTERRUPTION_WARNING
 REBALANCE = REBALANCE_RECOMMENDATION
 _ENDING = {"shutting-down": "terminated", "terminated": "terminated", "stopping": "stopped", "stopped": "stopped"}
+_PROBE = "import sys, boto3; print('%d.%d.%d' % sys.version_info[:3]); sys.exit(sys.version_info < (3, 9))"
+
+
+def instance_python_version(python: str) -> str:
+    """The version of `python`, which must be what the bootstrap needs on an AMI: Python 3.9+ with
+    boto3. ValueError naming the interpreter and what it lacks otherwise."""
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ValueError(f"instance python {python!r} cannot be run: {exc}") from exc
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"Python {done.stdout.strip()}"])[-1]
+        raise ValueError(f"instance python {python!r} is not a Python 3.9 or newer with boto3: {said}")
+    return done.stdout.strip()
 
 
 def _utc(seconds_from_now: float = 0.0) -> str:
@@ -127,6 +146,7 @@ class InstanceRunner:
         env: Mapping[str, str],
         grace_seconds: float = 10.0,
         python: str = sys.executable,
+        instance_python: str | None = None,
         entrypoint: str | None = None,
         images: bool = False,
         bootstrap_args: Sequence[str] = (),
@@ -135,6 +155,7 @@ class InstanceRunner:
         """``entrypoint``: the process runtime's argv prefix (default: the trainer's launcher; "" runs the
         job's command directly). ``images``: run each job in its image instead (``container``; the
         entrypoint is then the image's). ``bootstrap_args``: extra bootstrap options (e.g. ``--wait-timeout 20``).
+        ``instance_python``: the bootstrap's interpreter (default ``python``); checked now (ValueError).
         """
         self.ec2 = ec2
         self.stack_name = stack_name
@@ -143,6 +164,9 @@ class InstanceRunner:
         self.env = dict(env)
         self.grace_seconds = grace_seconds
         self.python = python
+        self.instance_python = python if instance_python is None else instance_python
+        self.instance_python_version = instance_python_version(self.instance_python) if instance_python else ""
+        self.bundle = unpack_bootstrap(self.workdir / "bootstrap")
         self.entrypoint = f"{shlex.quote(python)} -m gpujobs_trainer.launch --" if entrypoint is None else entrypoint
         self.images = images
         self.bootstrap_args = list(bootstrap_args)
@@ -310,7 +334,7 @@ class InstanceRunner:
         self.instances[iid] = inst
         self._state(inst, "running")
         port = self.ports.setdefault((inst.job_id or iid, attempt), free_port())
-        argv = [self.python, "-m", "gpujobs.instance.bootstrap", "--runtime", "process", "--no-shutdown"]
+        argv = [*bootstrap_command(self.instance_python, self.bundle), "--runtime", "process", "--no-shutdown"]
         if self.images:
             rootfs = shlex.quote(str(directory / "rootfs"))
             argv += ["--engine", f"{shlex.quote(self.python)} -m gpujobs_local.container --root {rootfs}"]

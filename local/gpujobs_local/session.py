@@ -5,6 +5,7 @@ bootstrap and trainer as local processes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -17,12 +18,34 @@ from typing import Any
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job
 from gpujobs_local.cloud import LocalCloud
-from gpujobs_local.instances import InstanceRunner
+from gpujobs_local.instances import InstanceRunner, instance_python_version
 from gpujobs_local.ssm_agent import LocalSsmAgent
 from gpujobs_local.stack import ROOT
 
+INSTANCE_PYTHON_ENV = "GPUJOBS_LOCAL_INSTANCE_PYTHON"
+"""The interpreter instances run the bootstrap with, when no `instance_python` is given (docs/instance.md)."""
 LOCAL_INSTANCE_TYPES = ("g5.12xlarge", "g6.12xlarge", "g5.xlarge", "g6.xlarge", "c7i.large")
 """The local stack's allow-list: multi-GPU types, because the demo runs 2 processes per node."""
+
+
+def add_instance_python_option(parser: argparse.ArgumentParser) -> None:
+    """`--instance-python PATH` (default `$GPUJOBS_LOCAL_INSTANCE_PYTHON`), checked before anything starts."""
+
+    def checked(path: str) -> str:
+        try:
+            instance_python_version(path)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return path
+
+    parser.add_argument(
+        "--instance-python",
+        type=checked,
+        default=os.environ.get(INSTANCE_PYTHON_ENV) or None,
+        metavar="PATH",
+        help="the AMI's python3 each instance runs the bootstrap with (3.9+ with boto3; e.g. a pyenv 3.9 "
+        f"for Amazon Linux 2023), default ${INSTANCE_PYTHON_ENV}, else this Python; the job still runs with this one",
+    )
 
 
 @dataclass
@@ -43,9 +66,16 @@ class LocalSession:
 
 
 def attach_runner(
-    cloud: LocalCloud, *, workdir: Path, grace_seconds: float = 20.0, wait_timeout: float = 60.0
+    cloud: LocalCloud,
+    *,
+    workdir: Path,
+    grace_seconds: float = 20.0,
+    wait_timeout: float = 60.0,
+    instance_python: str | None = None,
 ) -> InstanceRunner:
-    """Bring every instance the control plane launches on `cloud` to life, on the cloud's own loop."""
+    """Bring every instance the control plane launches on `cloud` to life, on the cloud's own loop.
+    `instance_python`: the AMI's python3 the bootstrap runs with (default `$GPUJOBS_LOCAL_INSTANCE_PYTHON`,
+    else this Python); the workload still runs with this one, as the image's interpreter."""
     assert cloud.stack is not None, "start the cloud first"
     python_bin = str(Path(sys.executable).parent)
     runner = InstanceRunner(
@@ -57,6 +87,7 @@ def attach_runner(
         env={**os.environ, **cloud.exports(), "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}"},
         images=True,
         grace_seconds=grace_seconds,
+        instance_python=instance_python or os.environ.get(INSTANCE_PYTHON_ENV) or None,
         bootstrap_args=["--wait-timeout", str(int(wait_timeout))],
         cwd=ROOT,
     )
@@ -75,15 +106,23 @@ def local_session(
     grace_seconds: float = 20.0,
     wait_timeout: float = 60.0,
     teams: str | None = None,
+    instance_python: str | None = None,
 ) -> Iterator[LocalSession]:
     """Start the local cloud and its instance runner; stop both, leaving nothing running.
-    `teams`: a team configuration (JSON, docs/deploy.md "Teams"); None runs the stack without one."""
+    `teams`: a team configuration (JSON, docs/deploy.md "Teams"); None runs the stack without one.
+    `instance_python`: the bootstrap's interpreter (`attach_runner`)."""
     cloud = LocalCloud(
         workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=LOCAL_INSTANCE_TYPES, teams=teams
     )
     cloud.start()
     try:
-        runner = attach_runner(cloud, workdir=workdir, grace_seconds=grace_seconds, wait_timeout=wait_timeout)
+        runner = attach_runner(
+            cloud,
+            workdir=workdir,
+            grace_seconds=grace_seconds,
+            wait_timeout=wait_timeout,
+            instance_python=instance_python,
+        )
         yield LocalSession(cloud=cloud, runner=runner)
     finally:
         cloud.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import sys
 import textwrap
@@ -28,6 +29,8 @@ from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.instance.userdata import render_user_data
 from gpujobs_local.instances import REBALANCE, SPOT_WARNING, STATE_CHANGE, InstanceRunner
+from tests.ami_pythons import find_interpreter
+from tests.conftest import BootstrapPython
 
 pytestmark = [pytest.mark.integration, pytest.mark.training]
 
@@ -492,3 +495,52 @@ def test_a_job_that_cannot_run_in_its_image_exits_as_docker_would_and_says_why(
     [exited] = [e for e in cloud.exits() if e.get("instance_id") == iid and "message" in e]
     assert (exited["exit_code"], exited["reason"]) == (code, "exited")
     assert said in exited["message"], runner.log_path(iid).read_text()
+
+
+CALLS_AWS_AS_THE_JOB = (
+    "import boto3, json, os, platform, sys; "
+    "arn = boto3.client('sts').get_caller_identity()['Arn']; "
+    "json.dump({'python': platform.python_version(), 'arn': arn}, open(os.environ['OUT_FILE'], 'w'))"
+)
+
+
+@pytest.mark.timeout(180)
+def test_the_bootstrap_runs_under_the_amis_python_and_the_workload_under_the_images(
+    cloud: Cloud, make_runner: Callable[..., InstanceRunner], tmp_path: Path, old_python: BootstrapPython
+) -> None:
+    # given instances whose bootstrap runs with the AMI's python3 (an environment with only boto3)
+    runner = make_runner(instance_python=old_python.path)
+    out = tmp_path / "seen.json"
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+
+    # when a job with its own role runs a workload that calls AWS
+    [iid] = cloud.launch(
+        command=[sys.executable, "-c", CALLS_AWS_AS_THE_JOB],
+        env={"OUT_FILE": str(out)},
+        job_id=job_id,
+        job_role_arn="arn:aws:iam::123456789012:role/gpujobs-local-JobRole",
+        session_policy=session_policy_json(bucket="unused", job_id=job_id, team="vision"),
+        session_tags=session_tags(job_id=job_id, team="vision", attempt=1),
+    )
+    poll_until(runner, lambda: runner.instances.get(iid) is not None and runner.instances[iid].state == "terminated")
+
+    # then the bootstrap ran on that Python and served the job role; the workload kept the image's Python
+    log = runner.log_path(iid).read_text()
+    assert f"gpujobs-bootstrap: Python {old_python.version} at {old_python.path}" in log
+    seen = json.loads(out.read_text())
+    assert seen["python"] == platform.python_version()
+    assert ":assumed-role/gpujobs-local-JobRole/" in seen["arn"], log
+    assert [e["exit_code"] for e in cloud.exits()] == [0]
+
+
+def test_an_instance_python_that_cannot_run_the_bootstrap_is_refused_up_front(cloud: Cloud, tmp_path: Path) -> None:
+    bare = str(find_interpreter("3.9"))  # pyenv's own 3.9: no boto3
+    cases = {"/nonexistent/python3": "cannot be run", bare: "No module named 'boto3'"}
+
+    for python, says in cases.items():
+        with pytest.raises(ValueError, match=says) as refused:
+            InstanceRunner(
+                ec2=cloud.ec2, stack_name=STACK, emit=cloud.emit, workdir=tmp_path, env={}, instance_python=python
+            )
+
+        assert f"instance python {python!r}" in str(refused.value)

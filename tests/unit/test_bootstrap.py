@@ -38,7 +38,16 @@ from gpujobs.instance import (
     rundoc,
     runtimes,
 )
-from gpujobs.instance.userdata import BOOTSTRAP_LOG, bootstrap_bundle, bootstrap_key, bootstrap_script, render_user_data
+from gpujobs.instance.userdata import (
+    BOOTSTRAP_LOG,
+    bootstrap_bundle,
+    bootstrap_command,
+    bootstrap_key,
+    bootstrap_script,
+    render_user_data,
+    unpack_bootstrap,
+)
+from tests.conftest import BootstrapPython
 from tests.unit.fake_imds import FakeImds
 
 BUCKET = "gpujobs-test-checkpoints"
@@ -150,7 +159,10 @@ def sigterm_once_it_prints(proc: subprocess.Popen[str], marker: str) -> str:
     return output
 
 
-def start_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str) -> subprocess.Popen[str]:
+def start_bootstrap(
+    tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str, python: str = sys.executable
+) -> subprocess.Popen[str]:
+    """The bundled bootstrap (the bytes the loader runs on an instance) as a process, under `python`."""
     env = {
         "PATH": str(a_fake_bin(tmp_path)),
         "AWS_ENDPOINT_URL": moto_endpoint,
@@ -160,8 +172,9 @@ def start_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: s
         "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
         "SECRET_OF_THE_HOST": "must-not-leak",
     }
+    bundle = unpack_bootstrap(tmp_path / "bootstrap")
     return subprocess.Popen(
-        [sys.executable, str(BOOTSTRAP), "--runtime", "process", *args],
+        [*bootstrap_command(python, bundle), "--runtime", "process", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -169,22 +182,25 @@ def start_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: s
     )
 
 
-def run_bootstrap(tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str) -> tuple[int, str]:
-    proc = start_bootstrap(tmp_path, imds, moto_endpoint, *args)
+def run_bootstrap(
+    tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str, python: str = sys.executable
+) -> tuple[int, str]:
+    proc = start_bootstrap(tmp_path, imds, moto_endpoint, *args, python=python)
     output, _ = proc.communicate(timeout=60)
     return proc.returncode, output
 
 
 def test_the_workload_gets_literal_strings_and_the_gpujobs_contract(
-    tmp_path: Path, bus: Bus, moto_endpoint: str
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
 ) -> None:
     doc = a_document(tmp_path, bus)
     with FakeImds(
         user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID, local_ipv4="10.1.2.3"
     ) as imds:
-        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
 
     assert code == 0, output
+    assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in output
     seen = json.loads((tmp_path / "out.json").read_text())
     assert seen["argv"] == HOSTILE
     assert seen["env"]["TRICKY"] == "\n".join(HOSTILE)
@@ -269,10 +285,12 @@ def test_the_process_runtime_calls_an_engine_as_docker_run_is_called(tmp_path: P
     assert argv == ["--root", "/r", "registry/gpujobs-train:1", "python", "/opt/gpujobs/train.py"]
 
 
-def test_a_broken_document_is_reported_as_a_bootstrap_failure(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+def test_a_broken_document_is_reported_as_a_bootstrap_failure(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
+) -> None:
     broken = {**a_document(tmp_path, bus).model_dump(mode="json"), "command": "rm -rf / # a string, not a list"}
     with FakeImds(user_data=json.dumps(broken).encode(), instance_id=INSTANCE_ID) as imds:
-        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
 
     assert code == contract.EXIT_BOOTSTRAP_FAILED, output
     [exited] = bus.exits()
@@ -283,7 +301,9 @@ def test_a_broken_document_is_reported_as_a_bootstrap_failure(tmp_path: Path, bu
     assert not (tmp_path / "out.json").exists()
 
 
-def test_sigterm_reaches_the_workload_and_its_exit_is_published(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+def test_sigterm_reaches_the_workload_and_its_exit_is_published(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
+) -> None:
     ready = tmp_path / "ready"
     doc = a_document(
         tmp_path,
@@ -292,7 +312,7 @@ def test_sigterm_reaches_the_workload_and_its_exit_is_published(tmp_path: Path, 
         env={"OUT_FILE": str(tmp_path / "out"), "READY_FILE": str(ready)},
     )
     with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
-        proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        proc = start_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
         deadline = time.monotonic() + 30
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -568,7 +588,7 @@ def server_client(endpoint: str, service: str) -> Any:
 
 
 def test_a_replacement_waits_before_starting_its_workload_and_starts_after_the_timeout(
-    tmp_path: Path, bus: Bus, moto_endpoint: str
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
 ) -> None:
     job_id = f"job-{uuid.uuid4().hex[:6]}"
     old = server_client(moto_endpoint, "ec2").run_instances(
@@ -584,7 +604,9 @@ def test_a_replacement_waits_before_starting_its_workload_and_starts_after_the_t
     )["Instances"][0]
     doc = a_document(tmp_path, bus, job_id=job_id, wait_for_attempt=2)
     with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
-        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", "--wait-timeout", "0.5")
+        code, output = run_bootstrap(
+            tmp_path, imds, moto_endpoint, "--no-shutdown", "--wait-timeout", "0.5", python=bootstrap_python.path
+        )
 
     assert code == 0, output
     assert json.loads((tmp_path / "out.json").read_text())["argv"] == HOSTILE
@@ -788,13 +810,16 @@ def store_bootstrap(endpoint: str, body: bytes) -> None:
     s3.put_object(Bucket=BUCKET, Key=bootstrap_key(), Body=body)
 
 
-def run_the_shell_part(tmp_path: Path, moto_endpoint: str, doc: RunDocument) -> tuple[int, Path]:
-    """cloud-init's view: the shell part alone, default (docker) runtime, a docker that runs no container."""
+def run_the_shell_part(
+    tmp_path: Path, moto_endpoint: str, doc: RunDocument, python: str = sys.executable, **extra_env: str
+) -> tuple[int, Path]:
+    """cloud-init's view: the shell part alone, default (docker) runtime, a docker that runs no container.
+    `python` is the AMI's `python3`: the one with boto3 that the shell part finds on PATH."""
     script = tmp_path / "part-001.sh"
     log = tmp_path / "bootstrap.log"
     script.write_text(bootstrap_script(bucket=BUCKET, region=REGION).replace(BOOTSTRAP_LOG, str(log)))
-    python_bin = str(Path(sys.executable).parent)
-    fake_bin = a_fake_bin(tmp_path)
+    python_bin = str(Path(python).parent)
+    fake_bin = tmp_path / "bin" if (tmp_path / "bin").exists() else a_fake_bin(tmp_path)
     (fake_bin / "docker").write_text(f"#!{sys.executable}\n{CONTAINERLESS_DOCKER}")
     (fake_bin / "docker").chmod(0o755)
     env = {
@@ -802,6 +827,7 @@ def run_the_shell_part(tmp_path: Path, moto_endpoint: str, doc: RunDocument) -> 
         "AWS_ENDPOINT_URL": moto_endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
+        **extra_env,
     }
     with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
         env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = imds.endpoint
@@ -809,21 +835,56 @@ def run_the_shell_part(tmp_path: Path, moto_endpoint: str, doc: RunDocument) -> 
     return done.returncode, log
 
 
-def test_bash_runs_the_user_data_shell_part_as_is(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+def test_bash_runs_the_user_data_shell_part_as_is(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
+) -> None:
     """The loader fetches the stored bootstrap, checks it and runs it: the job's exit is reported."""
     store_bootstrap(moto_endpoint, bootstrap_bundle())
     doc = a_document(tmp_path, bus, exit_code=5)
     doc = doc.model_copy(update={"env": {**doc.env, "TRICKY": TRICKY_ONE_LINE}})
 
-    returncode, log = run_the_shell_part(tmp_path, moto_endpoint, doc)
+    returncode, log = run_the_shell_part(tmp_path, moto_endpoint, doc, python=bootstrap_python.path)
 
     assert returncode == 5, log.read_text()
+    assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in log.read_text()
     seen = json.loads((tmp_path / "out.json").read_text())
     assert seen["argv"] == HOSTILE
     assert seen["env"]["TRICKY"] == TRICKY_ONE_LINE
     assert seen["env"]["GPUJOBS_INSTANCE_ID"] == INSTANCE_ID
     assert [e["exit_code"] for e in bus.exits()] == [5]
     assert (tmp_path / "shutdown").read_text() == "-h now"
+
+
+FAILING_DNF = """import json, os, sys
+open(os.environ["DNF_CALLS"], "a").write(json.dumps(sys.argv[1:]) + "\\n")
+print("Error: Failed to download metadata for repo 'amazonlinux'", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_a_gpu_job_whose_cloudwatch_agent_cannot_be_installed_runs_and_reports_idle_detection_off(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, old_python: BootstrapPython
+) -> None:
+    # given an AMI without the CloudWatch agent whose dnf cannot reach its repository (a GPU job, docker)
+    assert not Path(cloudwatch_agent.CW_AGENT_CTL).exists()
+    store_bootstrap(moto_endpoint, bootstrap_bundle())
+    dnf = a_fake_bin(tmp_path) / "dnf"
+    dnf.write_text(f"#!{sys.executable}\n{FAILING_DNF}")
+    dnf.chmod(0o755)
+    doc = a_document(tmp_path, bus, exit_code=0, gpus_per_node=1)
+
+    returncode, log = run_the_shell_part(
+        tmp_path, moto_endpoint, doc, python=old_python.path, DNF_CALLS=str(tmp_path / "dnf.calls")
+    )
+
+    # then the job still ran, the bootstrap tried to install the agent, and said loudly that it could not
+    assert returncode == 0, log.read_text()
+    assert (tmp_path / "dnf.calls").read_text() == '["install", "-y", "amazon-cloudwatch-agent"]\n'
+    why = "unavailable: dnf install amazon-cloudwatch-agent failed (1): Error: Failed to download metadata for repo"
+    assert f"IDLE DETECTION IS OFF for this instance: the CloudWatch agent is {why}" in log.read_text()
+    [exited] = bus.exits()
+    assert (exited["exit_code"], exited["reason"]) == (0, "exited")
+    assert exited["gpu_metrics"].startswith(why)
 
 
 def test_the_loader_refuses_a_bootstrap_swapped_in_s3_and_powers_off(

@@ -34,6 +34,7 @@ from gpujobs.instance.credentials import JobCredentials
 from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.userdata import render_user_data
+from tests.conftest import BootstrapPython
 from tests.unit.fake_imds import FakeImds
 from tests.unit.test_bootstrap import (  # the bootstrap's own fixtures: a moto server and an event bus
     BOOTSTRAP,
@@ -86,13 +87,15 @@ def secret_refs(moto_endpoint: str) -> dict[str, str]:
 
 @pytest.fixture
 def ran_with_secrets(
-    tmp_path: Path, bus: Bus, moto_endpoint: str, secret_refs: dict[str, str]
+    tmp_path: Path, bus: Bus, moto_endpoint: str, secret_refs: dict[str, str], bootstrap_python: BootstrapPython
 ) -> tuple[dict[str, Any], str, bytes]:
+    """The bootstrap under each interpreter (this one, then the AMIs' 3.9 and 3.10) serving the job role."""
     doc = a_document(tmp_path, bus, command=[sys.executable, "-c", WORKLOAD], secrets=secret_refs, **job_access())
     user_data = render_user_data(doc, bucket=BUCKET, region=REGION)
     with FakeImds(user_data=user_data, instance_id=INSTANCE_ID) as imds:
-        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
     assert code == 0, output
+    assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in output
     return json.loads((tmp_path / "out.json").read_text()), output, user_data
 
 
@@ -147,7 +150,9 @@ def test_a_secret_the_job_cannot_read_fails_the_bootstrap_naming_it_without_a_va
 
 
 # ---- run documents in S3 ------------------------------------------------------------------------
-def test_a_run_document_swapped_in_s3_after_launch_is_refused(tmp_path: Path, bus: Bus, moto_endpoint: str) -> None:
+def test_a_run_document_swapped_in_s3_after_launch_is_refused(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
+) -> None:
     # Given a document the launcher stored in S3, and user data pointing at it with its digest
     s3 = moto(moto_endpoint, "s3")
     s3.create_bucket(Bucket="rundocs")
@@ -159,7 +164,9 @@ def test_a_run_document_swapped_in_s3_after_launch_is_refused(tmp_path: Path, bu
     swapped = a_document(tmp_path, bus, command=[sys.executable, "-c", "open('/tmp/pwned', 'w')"])
     s3.put_object(Bucket="rundocs", Key=key, Body=swapped.model_dump_json().encode())
     with FakeImds(user_data=render_user_data(pointer, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
-        code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", "--event-bus", bus.name)
+        code, _output = run_bootstrap(
+            tmp_path, imds, moto_endpoint, "--no-shutdown", "--event-bus", bus.name, python=bootstrap_python.path
+        )
 
     # Then the bootstrap refuses it, says why, and runs nothing
     (exited,) = bus.exits()

@@ -18,9 +18,10 @@ import pytest
 
 from gpujobs.contract import bootstrap_log_stream, job_log_stream
 from gpujobs.domain.rundoc import RunDocument
-from gpujobs.instance import bootstrap, rundoc, runtimes
+from gpujobs.instance import rundoc, runtimes
 from gpujobs.instance.contract import EXIT_BOOTSTRAP_FAILED
-from gpujobs.instance.userdata import render_user_data
+from gpujobs.instance.userdata import bootstrap_command, render_user_data, unpack_bootstrap
+from tests.conftest import BootstrapPython
 from tests.unit.fake_imds import FakeImds
 
 GROUP = "/gpujobs/test/jobs"
@@ -43,12 +44,16 @@ def messages(logs: Any, stream: str) -> list[str]:
     return [e["message"] for e in page["events"]]
 
 
-def run_bootstrap(tmp_path: Path, moto_endpoint: str, doc: RunDocument, *args: str) -> tuple[int, str]:
+def run_bootstrap(
+    tmp_path: Path, moto_endpoint: str, doc: RunDocument, *args: str, python: str = sys.executable
+) -> tuple[int, str]:
+    """The bundled bootstrap under `python`, as the loader runs it."""
+    bundle = unpack_bootstrap(tmp_path / "bootstrap")
     with FakeImds(
         user_data=render_user_data(doc, bucket="unused", region="us-east-1"), instance_id=INSTANCE_ID
     ) as imds:
         done = subprocess.run(
-            [sys.executable, str(Path(bootstrap.__file__)), "--runtime", "process", "--no-shutdown", *args],
+            [*bootstrap_command(python, bundle), "--runtime", "process", "--no-shutdown", *args],
             env={
                 "PATH": "/usr/bin:/bin",
                 "AWS_ENDPOINT_URL": moto_endpoint,
@@ -81,16 +86,17 @@ def a_document(**changes: Any) -> RunDocument:
 
 
 def test_the_workload_output_and_the_bootstrap_log_reach_the_nodes_streams(
-    tmp_path: Path, moto_endpoint: str, logs: Any
+    tmp_path: Path, moto_endpoint: str, logs: Any, bootstrap_python: BootstrapPython
 ) -> None:
-    code, output = run_bootstrap(tmp_path, moto_endpoint, a_document())
+    code, output = run_bootstrap(tmp_path, moto_endpoint, a_document(), python=bootstrap_python.path)
 
     assert code == 3, output
     # stdout and stderr are two pipes, read by two threads (as docker reads them): each keeps its order,
     # not their order relative to each other
     assert sorted(messages(logs, job_log_stream("j-0123456789abcdef", 2, 0))) == ["boom", "epoch 1 loss 0.9"]
     bootstrap_lines = messages(logs, bootstrap_log_stream("j-0123456789abcdef", 2, 0))
-    assert "gpujobs-bootstrap: job j-0123456789abcdef attempt 2 on " + INSTANCE_ID in bootstrap_lines[0]
+    assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in bootstrap_lines[0]
+    assert "gpujobs-bootstrap: job j-0123456789abcdef attempt 2 on " + INSTANCE_ID in bootstrap_lines[1]
     assert any(line.endswith("gpujobs-bootstrap: exited: workload exited with 3: boom") for line in bootstrap_lines)
     assert bootstrap_lines[-1].endswith("no event bus or region known: the exit is not published")
     assert "epoch 1 loss 0.9" in output  # still in the instance's own log too

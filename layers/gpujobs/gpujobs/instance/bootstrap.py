@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shlex
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from gpujobs.instance import aws
+from gpujobs.instance.cloudwatch_agent import GpuMetrics
 from gpujobs.instance.cloudwatch_logs import LogShipper
 from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRAP_FAILED, job_log_stream
 from gpujobs.instance.credentials import JobCredentials
@@ -49,6 +51,9 @@ from gpujobs.instance.rundoc import load_document
 from gpujobs.instance.runtimes import DockerRuntime, ProcessRuntime, Runtime
 from gpujobs.instance.signing import signed_exit
 from gpujobs.instance.workload_env import container_env
+
+GPU_METRICS_WAIT = 15.0
+"""At the exit, how long an agent setup still running may hold up the report (it then says `pending`)."""
 
 
 class _Stopper:
@@ -129,11 +134,7 @@ def _run(
     args: argparse.Namespace, stopper: _Stopper, state: dict[str, Any], bootstrap_log: LogShipper
 ) -> tuple[int, str]:
     imds = Imds()
-    if args.user_data:
-        with open(args.user_data, "rb") as f:
-            raw = f.read()
-    else:
-        raw = imds.get("/latest/user-data")
+    raw = _read_file(args.user_data) if args.user_data else imds.get("/latest/user-data")
     facts = imds.facts()
     state.update(facts)
 
@@ -171,6 +172,8 @@ def _run(
         log(f"the workload gets the job role's credentials from {agent.endpoint}")
     else:
         log("the document names no job role: the workload runs with this instance's credentials")
+    if isinstance(runtime, DockerRuntime) and doc["gpus_per_node"] > 0:  # the idle alarms' metric, during the pull
+        state["gpu_metrics"] = GpuMetrics(state["region"]).start()
     runtime.prepare(doc, clients)
     if doc["wait_for_attempt"] is not None:
         _wait_for_previous_attempt(doc, ec2=clients("ec2"), s3=job_clients("s3"), timeout=args.wait_timeout)
@@ -201,6 +204,11 @@ def _run(
     return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
 
 
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _primary_interface(ip: str) -> str | None:
     name = interface_holding(ip, interface_addresses())
     log(f"NCCL and gloo use {name}, which holds {ip}" if name else f"no interface holds {ip}: NCCL and gloo choose")
@@ -224,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     state: dict[str, Any] = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")}
     bootstrap_log = LogShipper(lambda: aws.client("logs", state["region"]))
     SINKS.append(bootstrap_log.write)
+    log(f"Python {platform.python_version()} at {sys.executable}")
     try:
         code, message = _run(args, stopper, state, bootstrap_log)
         reason = "exited"
@@ -235,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{reason}: {message}")
     doc: dict[str, Any] = state.get("doc") or state.get("raw") or {}
     bus = doc.get("event_bus") or args.event_bus
+    metrics = state.get("gpu_metrics")
     detail = exit_detail(
         doc,
         node_rank=state.get("rank"),
@@ -242,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_code=code,
         reason=reason,
         message=message,
+        gpu_metrics=metrics.result(timeout=GPU_METRICS_WAIT) if metrics else None,
     )
     if bus and state.get("region"):
         detail = signed_exit(detail, doc.get("report_key"), now=time.time())

@@ -18,6 +18,7 @@ from gpujobs.instance.aws import Clients, client
 from gpujobs.instance.errors import BootstrapError
 
 REFRESH_MARGIN = dt.timedelta(minutes=20)
+UTC = dt.timezone.utc  # not `dt.UTC`: that is Python 3.11+, and an AMI's python3 may be 3.9
 
 
 def assume_role_request(doc: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +37,7 @@ class JobCredentials:
 
     def __init__(self, sts: Any, doc: dict[str, Any], *, now: Any = None) -> None:
         self._sts, self._request = sts, assume_role_request(doc)
-        self._now = now or (lambda: dt.datetime.now(dt.UTC))
+        self._now = now or (lambda: dt.datetime.now(UTC))
         self._lock = threading.Lock()
         self._current: dict[str, Any] | None = None
 
@@ -57,7 +58,7 @@ class JobCredentials:
             "AccessKeyId": creds["AccessKeyId"],
             "SecretAccessKey": creds["SecretAccessKey"],
             "Token": creds["SessionToken"],
-            "Expiration": creds["Expiration"].astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "Expiration": creds["Expiration"].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
 
     def clients(self, region: str) -> Clients:

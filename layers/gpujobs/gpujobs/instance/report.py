@@ -17,10 +17,19 @@ from gpujobs.instance.log import log
 
 
 def exit_detail(
-    doc: dict[str, Any], *, node_rank: int | None, instance_id: str | None, exit_code: int, reason: str, message: str
+    doc: dict[str, Any],
+    *,
+    node_rank: int | None,
+    instance_id: str | None,
+    exit_code: int,
+    reason: str,
+    message: str,
+    gpu_metrics: str | None = None,
 ) -> dict[str, Any]:
-    """The event's detail; `doc` may be partial (or empty) when the run document was unreadable."""
-    return {
+    """The event's detail; `doc` may be partial (or empty) when the run document was unreadable.
+    `gpu_metrics`: for a GPU job on docker, whether the CloudWatch agent fed its idle alarm
+    (`cloudwatch_agent.GpuMetrics`); shown to users, never acted on, so outside the signature."""
+    detail = {
         "job_id": doc.get("job_id"),
         "attempt": doc.get("attempt"),
         "node_rank": node_rank,
@@ -29,6 +38,9 @@ def exit_detail(
         "reason": reason,
         "message": message,
     }
+    if gpu_metrics is not None:
+        detail["gpu_metrics"] = gpu_metrics
+    return detail
 
 
 def publish_exit(

@@ -42,7 +42,6 @@ from typing import IO, Any
 
 from gpujobs.instance import confinement
 from gpujobs.instance.aws import Clients
-from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
 from gpujobs.instance.cloudwatch_logs import LogShipper, pump
 from gpujobs.instance.contract import WORKLOAD_UID, container_name
 from gpujobs.instance.errors import BootstrapError
@@ -251,8 +250,6 @@ class DockerRuntime(Runtime):
             password = base64.b64decode(auth["authorizationToken"]).decode().partition(":")[2]
             self._docker("login", "--username", "AWS", "--password-stdin", ecr.group(0), stdin=password)
         self._docker("pull", image)
-        if doc["gpus_per_node"] > 0 and cloudwatch_agent_installed():
-            start_cloudwatch_agent()
 
     def outputs_folder(self) -> tuple[str, str]:
         """Owned by the image's user (WORKLOAD_UID), bind-mounted at OUTPUTS_IN_CONTAINER."""

@@ -52,7 +52,7 @@ _SHELL_PROLOGUE = f"""#!/bin/bash
 exec >>{BOOTSTRAP_LOG} 2>&1
 PY=
 for candidate in /opt/pytorch/bin/python3 /opt/conda/bin/python3 /usr/bin/python3 python3; do
-  if command -v "$candidate" >/dev/null && "$candidate" -c 'import boto3' 2>/dev/null; then
+  if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys, boto3; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
     PY="$candidate"; break
   fi
 done
@@ -96,6 +96,10 @@ from gpujobs.instance.bootstrap import main
 sys.exit(main())
 {HEREDOC_DELIMITER}
 """
+_RUN_UNPACKED = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpujobs.instance.bootstrap import main; sys.exit(main())"
+)
+"""The loader's last lines, for `bootstrap_command`: the folder comes as argv[1], never spliced into code."""
 
 
 class UserDataTooLargeError(ValueError):
@@ -160,6 +164,25 @@ def bootstrap_script(*, bucket: str, region: str) -> str:
     pins["SHA256"] = hashlib.sha256(bootstrap_bundle()).hexdigest()
     constants = "".join(f"{name} = {json.dumps(value)}\n" for name, value in pins.items())
     return _SHELL_PROLOGUE + constants + _LOADER
+
+
+def unpack_bootstrap(folder: Path) -> Path:
+    """The bundle's modules written under `folder`, as the loader writes them on an instance.
+
+    For what runs the bootstrap outside EC2 (the local cloud, tests): the same bytes under any
+    Python, which need not have gpujobs installed. Idempotent.
+    """
+    for name, code in bootstrap_modules().items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code, encoding="ascii")
+    return folder
+
+
+def bootstrap_command(python: str, folder: Path) -> list[str]:
+    """argv that runs the bootstrap unpacked at `folder` (`unpack_bootstrap`) with `python`, as the
+    loader runs it: `folder` first on sys.path, then `main()`. The bootstrap's own arguments follow."""
+    return [python, "-c", _RUN_UNPACKED, str(folder)]
 
 
 def _part(content_type: str, filename: str, body: str) -> str:
