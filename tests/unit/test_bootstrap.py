@@ -872,6 +872,7 @@ def test_a_gpu_job_whose_cloudwatch_agent_cannot_be_installed_runs_and_reports_i
     dnf.write_text(f"#!{sys.executable}\n{FAILING_DNF}")
     dnf.chmod(0o755)
     doc = a_document(tmp_path, bus, exit_code=0, gpus_per_node=1)
+    doc = doc.model_copy(update={"env": {**doc.env, "TRICKY": TRICKY_ONE_LINE}})  # docker's --env-file is line-based
 
     returncode, log = run_the_shell_part(
         tmp_path, moto_endpoint, doc, python=old_python.path, DNF_CALLS=str(tmp_path / "dnf.calls")
