@@ -42,6 +42,7 @@ from gpujobs_trainer.errors import (
     COMMAND_NOT_EXECUTABLE_EXIT_CODE,
     COMMAND_NOT_FOUND_EXIT_CODE,
     CONFIG_ERROR_EXIT_CODE,
+    CRASH_EXIT_CODE,
     CheckpointError,
     ConfigError,
 )
@@ -326,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
+    except code_archive.CodeFetchUnavailableError as exc:  # S3 was down, not misconfigured: retry the attempt
+        log.error("%s", exc)
+        return CRASH_EXIT_CODE
     problem = unrunnable(plan.command, path=env.get("PATH", os.defpath))
     if problem is not None:
         code, line = problem
