@@ -46,7 +46,7 @@ from gpujobs_trainer.errors import (
     CheckpointError,
     ConfigError,
 )
-from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
+from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
 from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
@@ -243,6 +243,8 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
     log.info("launching: %s", " ".join(argv))
     proc = subprocess.Popen(argv, env=child_env)
     started.append(proc)
+    if own is not None:
+        own.started()
     if stopped:
         proc.send_signal(signal.SIGTERM)
     while (torchrun_code := _wait(proc, seconds=0.5)) is None:
@@ -271,10 +273,16 @@ def prepare(plan: LaunchPlan, env: Mapping[str, str], workdir: Path) -> ScriptCh
     ConfigError or CheckpointError when the job cannot start as configured."""
     if plan.code_uri:
         code_archive.install(plan.code_uri, plan.code_sha256, workdir)
-    return (
-        None
-        if plan.checkpoint_mode == GPUJOBS
-        else ScriptCheckpoints.open(plan.checkpoint_mode, env, node_rank=plan.node_rank)
+    if plan.checkpoint_mode == GPUJOBS:
+        return None
+    publisher = make_publisher(env.get("GPUJOBS_EVENT_BUS", "").strip()) if plan.node_rank == 0 else None
+    return ScriptCheckpoints.open(
+        plan.checkpoint_mode,
+        env,
+        node_rank=plan.node_rank,
+        job_id=plan.job_id,
+        attempt=plan.attempt,
+        publisher=publisher,
     )
 
 
