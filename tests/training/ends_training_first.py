@@ -20,7 +20,8 @@ def main() -> int:
     model, optimizer = accelerator.prepare(plain, torch.optim.AdamW(plain.parameters()))
     run = gpujobs_trainer.init(model=accelerator.unwrap_model(model), optimizer=optimizer.optimizer)
     start = run.resume()
-    print(json.dumps({"event": "resumed", "step": start.step, "skipped": list(start.skipped)}), flush=True)
+    if run.env.is_main:
+        print(json.dumps({"event": "resumed", "step": start.step, "skipped": list(start.skipped)}), flush=True)
     for step in range(start.step + 1, steps + 1):
         accelerator.backward(model(torch.randn(4, 8)).square().mean())
         optimizer.step()

@@ -5,7 +5,8 @@ IP, a fresh rendezvous id per attempt, no in-place restarts: the control plane r
 instances and the job resumes from its checkpoint), forwards signals and maps the outcome to one
 exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error,
 127/126 the command's program (or python's script) is not found / not executable (checked before
-torchrun, which would only crash on it; the codes a shell and `docker run` give), 1 anything else.
+torchrun, which would only crash on it; the codes a shell and `docker run` give), 74 (``checkpoint:
+directory``) the script ended well but its folder's last sync failed, 1 anything else.
 
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
@@ -19,7 +20,8 @@ before reporting its exit: that report may end the job, and the instance with it
 Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
 working directory (`code_archive`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
 ``directory`` or ``none``) get their checkpoint folder, its sync and their exit code from
-`script_checkpoints`, and never SIGUSR1.
+`script_checkpoints`, and never SIGUSR1; node 0's launcher reports their progress (each sync, and
+a heartbeat while the script runs), which such a script cannot do itself.
 """
 
 from __future__ import annotations
