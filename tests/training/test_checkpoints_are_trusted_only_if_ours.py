@@ -416,28 +416,36 @@ def _resign(step_dir: Path, key: bytes, **changes: Any) -> None:
 def test_a_checkpoint_relabelled_for_this_job_is_refused_unless_signed_with_its_key(
     tmp_path: Path, baseline: Baseline
 ) -> None:
-    # given a job whose checkpoints are signed with its key, stopped after step 200
-    checkpoints = tmp_path / "checkpoints"
-    env = job_env(str(checkpoints), GPUJOBS_CHECKPOINT_KEY=KEY.hex())
-    first = run_job(env, "--steps", "200", "--checkpoint-every-steps", "100")
-    assert first.exit_code == 0, first.output
-    assert json.loads((checkpoints / "step-00000200" / "COMMIT.json").read_text())["signature"]
+    # given a job whose step 300 is signed with its key
+    checkpoints = _copy_of(baseline, tmp_path)
+    _resign(checkpoints / "step-00000300", KEY)
+    # and newer, well-formed checkpoints that name this job: step 400 unsigned (planted, or written
+    # without the key), step 500 another job's checkpoint relabelled as this one's and signed by it
+    recommit(checkpoints / "step-00000400", signature="")
+    _resign(_plant(checkpoints, step=500), ANOTHER_JOBS_KEY, step=500)
 
-    # and two newer, well-formed checkpoints relabelled as this job's: one unsigned, one signed by another job
-    recommit(_plant(checkpoints, step=300, like=200), step=300, signature="")
-    _resign(_plant(checkpoints, step=400, like=200), ANOTHER_JOBS_KEY, step=400)
-
-    # when the job resumes
+    # when the job resumes with its key
     dump = tmp_path / "resumed.pt"
-    resumed = run_job(env, "--steps", str(TOTAL_STEPS), "--state-dump", str(dump))
+    resumed = run_job(
+        job_env(str(checkpoints), GPUJOBS_CHECKPOINT_KEY=KEY.hex()),
+        "--steps",
+        str(TOTAL_STEPS),
+        "--state-dump",
+        str(dump),
+    )
 
-    # then it resumed from its own newest commit, said why it skipped the others, and trained exactly
+    # then it resumed from its own signed commit, said why it skipped the others, and trained exactly
     assert resumed.exit_code == 0, resumed.output
-    assert resumed.resumed_from == 200
+    assert resumed.resumed_from == 300
     skipped = resumed.events("resumed")[0]["skipped"]
-    assert skipped[0].startswith("step 400: its commit marker: its signature is not this job's")
-    assert skipped[1].startswith("step 300: its commit marker: it is not signed")
+    assert skipped[0].startswith("step 500: its commit marker: its signature is not this job's")
+    assert skipped[1].startswith("step 400: its commit marker: it is not signed")
     assert_bit_identical(baseline.state_dump, dump)
+    # and what it committed is signed with its key
+    final = CommitMarker.from_json((checkpoints / "step-00000400" / "COMMIT.json").read_text())
+    assert final.reason == "final"
+    assert final.signature
+    assert final.signature_problem(KEY) == ""
 
 
 def test_a_signed_marker_vouches_only_under_its_own_jobs_key() -> None:
