@@ -280,6 +280,7 @@ def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
         "run_document_uri": f"s3://checkpoints/{key}",
         "run_document_sha256": hashlib.sha256(world.blobs.objects[key].encode()).hexdigest(),
         "report_key": report_key,
+        "checkpoint_key": "",  # the job's checkpoint key travels the same way, once the launch passes one
         # whom to report to if the bootstrap must refuse the stored document
         "job_id": job_id,
         "attempt": 1,

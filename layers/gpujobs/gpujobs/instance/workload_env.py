@@ -51,7 +51,7 @@ def container_env(
     )
     if doc["report_key"]:  # the trainer signs its reports with it (gpujobs.domain.report_auth)
         env[REPORT_KEY_ENV] = doc["report_key"]
-    if doc["checkpoint_key"]:  # ... and the job's checkpoints with this one
+    if doc.get("checkpoint_key"):  # ... and the job's checkpoints with this one
         env[CHECKPOINT_KEY_ENV] = doc["checkpoint_key"]
     if doc["code_uri"]:  # the launcher unpacks it before the command starts
         env.update(GPUJOBS_CODE_URI=doc["code_uri"], GPUJOBS_CODE_SHA256=doc["code_sha256"])
