@@ -30,6 +30,7 @@ from tests.training.harness import (
 
 pytestmark = pytest.mark.training
 SLOW_STEPS = ("--step-sleep", "0.02")  # ~50 steps/s, so the signals land mid-training
+STARTUP_SECONDS = 180.0  # to step 100: two workers importing torch on a shared 2-core machine can take minutes
 
 
 def _watched_env(checkpoints: Path, imds: FakeImds) -> dict[str, str]:
@@ -42,7 +43,7 @@ def _watched_env(checkpoints: Path, imds: FakeImds) -> dict[str, str]:
     )
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_checkpoint_now_the_notice_and_sigterm_within_one_warning_commit_one_save(
     tmp_path: Path, baseline: Baseline
 ) -> None:
@@ -50,7 +51,7 @@ def test_checkpoint_now_the_notice_and_sigterm_within_one_warning_commit_one_sav
     checkpoints = tmp_path / "checkpoints"
     with FakeImds() as imds:
         job = start_job(_watched_env(checkpoints, imds), "--steps", str(TOTAL_STEPS), *SLOW_STEPS)
-        job.wait_for_step(100)
+        job.wait_for_step(100, timeout=STARTUP_SECONDS)
 
         # when the warning comes: the control plane's SIGUSR1, the notice, then SIGTERM, within a second
         job.signal(signal.SIGUSR1)
@@ -75,13 +76,13 @@ def test_checkpoint_now_the_notice_and_sigterm_within_one_warning_commit_one_sav
     assert_bit_identical(baseline.state_dump, dump)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_the_notice_already_up_when_checkpoint_now_arrives_makes_it_the_preemption_save(tmp_path: Path) -> None:
     # given a job whose instance has the spot notice up, not yet seen by the watcher's regular poll
     checkpoints = tmp_path / "checkpoints"
     with FakeImds() as imds:
         job = start_job(_watched_env(checkpoints, imds), "--steps", str(TOTAL_STEPS), *SLOW_STEPS)
-        job.wait_for_step(100)
+        job.wait_for_step(100, timeout=STARTUP_SECONDS)
         imds.announce_termination()
 
         # when the control plane's checkpoint-now arrives
@@ -94,13 +95,13 @@ def test_the_notice_already_up_when_checkpoint_now_arrives_makes_it_the_preempti
     assert interrupted.output.count("committed (") == 1
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_a_preemption_after_the_window_saves_again_only_for_the_steps_run_since(tmp_path: Path) -> None:
     # given a job that was asked to checkpoint now, with no notice in sight
     checkpoints = tmp_path / "checkpoints"
     with FakeImds() as imds:
         job = start_job(_watched_env(checkpoints, imds), "--steps", str(TOTAL_STEPS), *SLOW_STEPS)
-        job.wait_for_step(100)
+        job.wait_for_step(100, timeout=STARTUP_SECONDS)
         job.signal(signal.SIGUSR1)
         job.wait_for(lambda line: "committed (on-demand)" in line)
 
