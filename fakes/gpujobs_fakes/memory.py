@@ -24,7 +24,7 @@ from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
-from gpujobs.domain.report_auth import report_key
+from gpujobs.domain.report_auth import checkpoint_key, report_key
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
@@ -291,6 +291,10 @@ class FixedReportKeys:
 
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
         return report_key(self.secret, job_id=job_id, attempt=attempt)
+
+    def checkpoint_key_for(self, *, job_id: str) -> bytes:
+        """The job's checkpoint key (`domain.report_auth.checkpoint_key`), for every attempt's run document."""
+        return checkpoint_key(self.secret, job_id=job_id)
 
 
 @dataclass

@@ -277,16 +277,19 @@ def test_a_run_document_too_large_for_user_data_travels_through_s3() -> None:
     assert json.loads(world.blobs.objects[key])["env"] == big_env
     # the attempt's report key stays in user data, beside the pointer; the S3 copy never holds it
     report_key = world.ports.report_keys.key_for(job_id=job_id, attempt=1).hex()
+    checkpoint_key = world.ports.report_keys.checkpoint_key_for(job_id=job_id).hex()
     assert json.loads(world.compute.calls[0].user_data) == {
         "run_document_uri": f"s3://checkpoints/{key}",
         "run_document_sha256": hashlib.sha256(world.blobs.objects[key].encode()).hexdigest(),
         "report_key": report_key,
+        "checkpoint_key": checkpoint_key,  # the job's checkpoint key travels the same way
         # whom to report to if the bootstrap must refuse the stored document
         "job_id": job_id,
         "attempt": 1,
         "event_bus": world.service.config.event_bus_name,
     }
     assert report_key not in world.blobs.objects[key]
+    assert checkpoint_key not in world.blobs.objects[key]
 
 
 def test_a_failed_event_publication_does_not_undo_the_recorded_job(world: World) -> None:

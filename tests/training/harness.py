@@ -87,8 +87,8 @@ class Job:
                     raise AssertionError("expected output never came:\n" + self.output)
                 self._cond.wait(min(left, 0.2))
 
-    def wait_for_step(self, step: int) -> None:
-        self.wait_for(lambda line: bool((m := _PROGRESS.search(line)) and int(m.group(1)) >= step))
+    def wait_for_step(self, step: int, timeout: float = 120.0) -> None:
+        self.wait_for(lambda line: bool((m := _PROGRESS.search(line)) and int(m.group(1)) >= step), timeout)
 
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)

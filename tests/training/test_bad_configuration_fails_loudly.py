@@ -40,7 +40,7 @@ def test_a_checkpoint_bucket_that_cannot_be_reached_stops_the_job(
     assert _never_trained(result)
 
 
-def test_a_corrupt_committed_checkpoint_is_reported_not_silently_replaced_by_a_fresh_start(
+def test_a_committed_checkpoint_that_does_not_load_falls_back_to_the_previous_commit(
     tmp_path: Path, baseline: Baseline
 ) -> None:
     checkpoints = tmp_path / "checkpoints"
@@ -48,12 +48,29 @@ def test_a_corrupt_committed_checkpoint_is_reported_not_silently_replaced_by_a_f
     shard = checkpoints / "step-00000400" / "__0_0.distcp"
     shard.write_bytes(b"\x00garbage" * (shard.stat().st_size // 8) + b"\x00" * (shard.stat().st_size % 8))
     # The marker vouches for the garbage (say the bytes were corrupted before their digest was
-    # taken): it passes verification and fails to load. A shard that differs from its digest is
-    # skipped for the previous commit instead (test_checkpoints_are_trusted_only_if_ours).
+    # taken): it passes verification and fails to load. It used to stop every attempt (78), for
+    # good; the job resumes from the commit before it instead, and says why.
     recommit(shard.parent)
 
     result = run_job(job_env(str(checkpoints)), "--steps", "500")
 
+    assert result.exit_code == 0, result.output
+    assert result.resumed_from == 300
+    assert "skipping checkpoint step 400: it is committed but does not load" in result.output
+
+
+def test_a_job_whose_every_commit_fails_to_load_stops_rather_than_starting_over(
+    tmp_path: Path, baseline: Baseline
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(baseline.checkpoint_dir, checkpoints)
+    for step_dir in checkpoints.glob("step-*"):
+        shard = step_dir / "__0_0.distcp"
+        shard.write_bytes(b"\x00" * shard.stat().st_size)
+        recommit(step_dir)
+
+    result = run_job(job_env(str(checkpoints)), "--steps", "500")
+
     assert result.exit_code == CONFIG_ERROR_EXIT_CODE, result.output
-    assert "step-00000400 is committed but corrupt" in result.output
+    assert "committed steps all skipped: step 400: it is committed but does not load" in result.output
     assert _never_trained(result)

@@ -32,10 +32,11 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
 from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE
+from gpujobs_trainer.digests import file_digest
 from gpujobs_trainer.errors import CheckpointError
 from gpujobs_trainer.layout import CommitMarker, provenance_problems
 from gpujobs_trainer.safe_load import SafeLoadPlanner, load_metadata
-from gpujobs_trainer.storage import LocalStore, S3Store, file_sha256
+from gpujobs_trainer.storage import LocalStore, S3Store
 from tests.training.conftest import Baseline
 from tests.training.harness import TOTAL_STEPS, assert_bit_identical, job_env, recommit, run_job
 
@@ -102,7 +103,8 @@ def test_a_planted_checkpoint_whose_metadata_would_run_code_is_never_executed(
 def test_a_planted_value_that_would_run_code_when_loaded_is_never_executed(tmp_path: Path, baseline: Baseline) -> None:
     """DCP stores non-tensor values (optimizer hyper-parameters, the LR schedule) as pickles in the
     shards. A forged step with sound metadata that points one of them at a pickle of its own
-    passes every check on the files and is refused as it loads: the job stops (78), nothing runs."""
+    passes every check on the files and is refused as it loads: nothing runs, and the job resumes
+    from its own newest commit instead."""
     checkpoints = _copy_of(baseline, tmp_path)
     planted = _plant(checkpoints, step=500)
     metadata = _metadata_of(planted)
@@ -122,13 +124,15 @@ def test_a_planted_value_that_would_run_code_when_loaded_is_never_executed(tmp_p
     (planted / ".metadata").write_bytes(pickle.dumps(metadata))
     recommit(planted, step=500)
 
-    resumed, _ = _resume(checkpoints, tmp_path)
+    resumed, dump = _resume(checkpoints, tmp_path)
 
     assert not sentinel.exists(), "the planted value ran code in the trainer"
-    assert resumed.exit_code == CONFIG_ERROR_EXIT_CODE, resumed.output
-    assert "step-00000500 is committed but corrupt" in resumed.output
+    assert resumed.exit_code == 0, resumed.output
+    assert resumed.resumed_from == TOTAL_STEPS
+    assert "skipping checkpoint step 500: it is committed but does not load" in resumed.output
     assert f"{index.fqn} holds more than plain values" in resumed.output
-    assert not any("[digits] step" in line for line in resumed.lines)
+    assert resumed.events("resumed")[0]["skipped"][0].startswith("step 500: it is committed but does not load")
+    assert_bit_identical(baseline.state_dump, dump)
 
 
 @pytest.mark.training
@@ -151,7 +155,7 @@ def test_a_tampered_shard_is_detected_and_the_previous_commit_resumes_exactly(
 
     assert resumed.exit_code == 0, resumed.output
     assert resumed.resumed_from == 300
-    assert f"{info.relative_path} does not match its SHA-256" in resumed.output
+    assert f"{info.relative_path} does not match its blake3 digest" in resumed.output
     assert_bit_identical(baseline.state_dump, dump)
 
 
@@ -189,7 +193,8 @@ def test_a_job_whose_only_checkpoints_are_another_jobs_stops_instead_of_training
     resumed, _ = _resume(checkpoints, tmp_path, GPUJOBS_JOB_ID="job-newcomer")
 
     assert resumed.exit_code == CONFIG_ERROR_EXIT_CODE, resumed.output
-    assert "committed steps 400, 300 all failed verification" in resumed.output
+    assert "committed steps all skipped: step 400: " in resumed.output
+    assert "; step 300: " in resumed.output
     assert "belongs to job 'job-test', not 'job-newcomer'" in resumed.output
     assert not any("[digits] step" in line for line in resumed.lines)
 
@@ -229,7 +234,7 @@ def test_a_marker_vouches_only_for_its_own_job_step_and_digested_files() -> None
     ]
     undigested = dataclasses.replace(marker, digests={})
     assert provenance_problems(undigested, step=7, job_id=OURS) == [
-        "its commit marker records no SHA-256 for .metadata, __0_0.distcp, rng-rank-00000.json"
+        "its commit marker records no digest for .metadata, __0_0.distcp, rng-rank-00000.json"
     ]
 
 
@@ -347,7 +352,7 @@ def _write_step(folder: Path) -> CommitMarker:
         torch_version=torch.__version__,
         reason="periodic",
         files={name: len(data) for name, data in files.items()},
-        digests={name: file_sha256(folder / name) for name in files},
+        digests={name: file_digest(folder / name) for name in files},
         time="2030-01-01T00:00:00+00:00",
         job_id=OURS,
     )
@@ -365,7 +370,7 @@ def test_a_local_step_must_hold_exactly_the_listed_files_with_their_digests(tmp_
     (store.staging_dir(7) / "__1_0.distcp").unlink()
 
     (store.staging_dir(7) / "__0_0.distcp").write_bytes(b"shard-BYTES")  # same size, other bytes
-    with pytest.raises(CheckpointError, match=r"__0_0\.distcp does not match its SHA-256"):
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp does not match its blake3 digest"):
         store.fetch(7, marker)
 
 

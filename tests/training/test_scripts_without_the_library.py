@@ -22,9 +22,10 @@ import pytest
 
 from gpujobs_trainer import CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_CODE
 from gpujobs_trainer.code_archive import CodeArchiveError, fetch, unpack
-from gpujobs_trainer.directory_sync import MANIFEST, DirectorySync, Entry, LocalObjects, manifest_bytes
-from gpujobs_trainer.errors import CheckpointError
+from gpujobs_trainer.directory_sync import DirectorySync, Entry, LocalObjects, Manifest
+from gpujobs_trainer.errors import SYNC_FAILED_EXIT_CODE, CheckpointError
 from gpujobs_trainer.script_checkpoints import catches, script_exit
+from gpujobs_trainer.sync_manifest import MANIFESTS
 from tests.training.harness import PYTHON, job_env
 
 SCRIPT = Path(__file__).with_name("own_snapshots_train.py")
@@ -35,6 +36,12 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 
 # ---- the folder's copy ---------------------------------------------------------------------------
+def newest_manifest(copy: Path) -> dict[str, Any]:
+    """The newest manifest a sync wrote under ``copy`` (the folder's copy in the store)."""
+    data: dict[str, Any] = json.loads(max((copy / MANIFESTS).glob("*.json")).read_text())
+    return data
+
+
 def test_a_synced_folder_is_restored_file_for_file(tmp_path: Path) -> None:
     # given a script's folder with nested files, synced
     folder, store = tmp_path / "run", LocalObjects(tmp_path / "copy")
@@ -45,28 +52,27 @@ def test_a_synced_folder_is_restored_file_for_file(tmp_path: Path) -> None:
 
     # when a fresh attempt restores it
     restored = tmp_path / "replacement"
-    assert DirectorySync(restored, store).restore() == 2
+    assert DirectorySync(restored, store, attempt=1).restore() == 2
 
     # then it holds the same files
     assert files_under(restored) == files_under(folder)
 
 
-def test_only_changed_files_are_uploaded_and_replaced_blobs_are_deleted(tmp_path: Path) -> None:
-    folder, store = tmp_path / "run", LocalObjects(tmp_path / "copy")
+def test_only_changed_files_are_uploaded_and_blobs_no_kept_manifest_lists_are_deleted(tmp_path: Path) -> None:
+    folder, copy = tmp_path / "run", tmp_path / "copy"
     folder.mkdir()
-    (folder / "a.pt").write_bytes(b"one")
     (folder / "b.pt").write_bytes(b"unchanged")
-    sync = DirectorySync(folder, store)
-    sync.sync_once(settled=True)
-    assert not sync.sync_once(settled=True)  # nothing changed: no new manifest
+    sync = DirectorySync(folder, LocalObjects(copy), keep=2)
+    for body in (b"one", b"two", b"three"):
+        (folder / "a.pt").write_bytes(body)
+        assert sync.sync_once(settled=True)
+        assert not sync.sync_once(settled=True)  # nothing changed: no new manifest
 
-    (folder / "a.pt").write_bytes(b"two")
-    assert sync.sync_once(settled=True)
-
-    blobs = sorted(p.name for p in (tmp_path / "copy" / "blobs").iterdir())
-    manifest = json.loads((tmp_path / "copy" / MANIFEST).read_text())
-    assert blobs == sorted(entry["sha256"] for entry in manifest["files"].values())
-    assert manifest["sequence"] == 2
+    manifests = sorted((copy / MANIFESTS).glob("*.json"))
+    listed = {e["digest"] for m in manifests for e in json.loads(m.read_text())["files"].values()}
+    assert [m.name for m in manifests] == ["000000-00000002.json", "000000-00000003.json"]
+    assert sorted(p.name for p in (copy / "blobs").iterdir()) == sorted(listed)  # "one" is gone
+    assert len(listed) == 3
 
 
 def test_blobs_another_node_may_be_restoring_stay_until_the_last_sync(tmp_path: Path) -> None:
@@ -75,22 +81,22 @@ def test_blobs_another_node_may_be_restoring_stay_until_the_last_sync(tmp_path: 
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "snapshot.pt").write_bytes(b"step-10")
-    DirectorySync(earlier, LocalObjects(copy)).sync_once(settled=True)
+    DirectorySync(earlier, LocalObjects(copy), attempt=1).sync_once(settled=True)
     folder = tmp_path / "run"
-    sync = DirectorySync(folder, LocalObjects(copy))
+    sync = DirectorySync(folder, LocalObjects(copy), attempt=2, keep=2)
     sync.restore()
     (restored_blob,) = (copy / "blobs").iterdir()
 
-    # when the script replaces its snapshot twice while it runs
-    for body in (b"step-20", b"step-30"):
+    # when the script replaces its snapshot three times while it runs
+    for body in (b"step-20", b"step-30", b"step-40"):
         (folder / "snapshot.pt").write_bytes(body)
         sync.sync_once(settled=True)
 
-    # then the restored blob is kept while the attempt runs, and only the last one after it ends
+    # then the restored blob is kept while the attempt runs, and goes once it ended
     assert restored_blob.exists()
     sync.finish()
-    manifest = json.loads((copy / MANIFEST).read_text())
-    assert sorted(p.name for p in (copy / "blobs").iterdir()) == [manifest["files"]["snapshot.pt"]["sha256"]]
+    assert not restored_blob.exists()
+    assert newest_manifest(copy)["files"]["snapshot.pt"]["digest"] in {p.name for p in (copy / "blobs").iterdir()}
 
 
 class _CutShort(LocalObjects):
@@ -104,21 +110,24 @@ def test_a_sync_cut_short_leaves_the_previous_complete_folder_to_restore(tmp_pat
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "snapshot.pt").write_bytes(b"step-10")
-    DirectorySync(folder, LocalObjects(tmp_path / "copy")).sync_once(settled=True)
+    sync = DirectorySync(folder, LocalObjects(tmp_path / "copy"))
+    sync.sync_once(settled=True)
 
     (folder / "snapshot.pt").write_bytes(b"step-20 half")
     (folder / "extra.pt").write_bytes(b"new")
+    sync.objects = _CutShort(tmp_path / "copy")
     with pytest.raises(ConnectionError):
-        DirectorySync(folder, _CutShort(tmp_path / "copy")).sync_once(settled=True)
+        sync.sync_once(settled=True)
 
     restored = tmp_path / "replacement"
-    DirectorySync(restored, LocalObjects(tmp_path / "copy")).restore()
+    DirectorySync(restored, LocalObjects(tmp_path / "copy"), attempt=1).restore()
     assert files_under(restored) == {"snapshot.pt": b"step-10"}
 
 
 def test_a_manifest_naming_a_path_outside_the_folder_is_refused(tmp_path: Path) -> None:
     store = LocalObjects(tmp_path / "copy")
-    store.write(MANIFEST, manifest_bytes({"../x": Entry("0" * 64, 1)}, sequence=1))
+    planted = Manifest(job_id="local", attempt=0, sequence=1, time="t", files={"../x": Entry("0" * 64, 1)})
+    store.write(f"{MANIFESTS}/{planted.name}", planted.to_bytes(b""))
     with pytest.raises(CheckpointError, match="not a path inside the folder"):
         DirectorySync(tmp_path / "run", store).restore()
     assert not (tmp_path / "x").exists()
@@ -132,8 +141,7 @@ def test_symlinks_are_not_followed_into_the_copy(tmp_path: Path) -> None:
     (folder / "model.pt").write_bytes(b"w")
     DirectorySync(folder, LocalObjects(tmp_path / "copy")).sync_once(settled=True)
 
-    manifest = json.loads((tmp_path / "copy" / MANIFEST).read_text())
-    assert list(manifest["files"]) == ["model.pt"]
+    assert list(newest_manifest(tmp_path / "copy")["files"]) == ["model.pt"]
 
 
 @pytest.mark.parametrize(
@@ -143,8 +151,9 @@ def test_symlinks_are_not_followed_into_the_copy(tmp_path: Path) -> None:
         (1, True, True, PREEMPTED_EXIT_CODE),  # SIGTERM or the spot notice: saved in S3, resume me
         (-15, True, True, PREEMPTED_EXIT_CODE),
         (1, False, True, CRASH_EXIT_CODE),
-        (1, True, False, CRASH_EXIT_CODE),  # the folder could not be synced: nothing to resume from
-        (0, False, False, CRASH_EXIT_CODE),
+        (1, True, False, SYNC_FAILED_EXIT_CODE),  # stopped, but the last sync failed: retry for the sync
+        (0, False, False, SYNC_FAILED_EXIT_CODE),  # succeeded, but the last sync failed: not a crash
+        (1, False, False, CRASH_EXIT_CODE),
     ],
 )
 def test_a_scripts_exit_maps_to_one_exit_code(torchrun_code: int, stopped: bool, synced: bool, expected: int) -> None:

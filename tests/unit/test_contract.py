@@ -89,6 +89,7 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "resume_from_step": 100,
         "env": {"LR": "0.1"},
         "report_key": "00" * 32,
+        "checkpoint_key": "11" * 32,
         "checkpoint_mode": "directory",
         "code_uri": "s3://bucket/jobs/j-0123456789abcdef/code/0.tar.gz",
         "code_sha256": "0" * 64,
@@ -152,12 +153,14 @@ def test_the_trainer_signs_the_fields_the_control_plane_acts_on_under_its_scheme
     assert trainer_signing.SIGNED_FIELDS == contract.REPORT_SIGNED_FIELDS
     assert trainer_signing.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
     assert trainer_signing.REPORT_KEY_ENV in contract.WORKLOAD_ENV
+    assert trainer_signing.CHECKPOINT_KEY_ENV in contract.WORKLOAD_ENV
 
 
 def test_the_bootstrap_signs_its_exit_under_the_scheme_the_control_plane_verifies() -> None:
     assert contract.REPORT_SIGNED_FIELDS[contract.JOB_EXITED] == instance_contract.EXIT_SIGNED_FIELDS
     assert instance_contract.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
     assert instance_contract.REPORT_KEY_ENV == trainer_signing.REPORT_KEY_ENV
+    assert instance_contract.CHECKPOINT_KEY_ENV == trainer_signing.CHECKPOINT_KEY_ENV
 
 
 def test_the_bootstrap_and_the_trainer_agree_on_the_output_folder() -> None:

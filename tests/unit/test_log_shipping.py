@@ -7,11 +7,13 @@ batches themselves and the delivery against moto.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from gpujobs.instance.cloudwatch_logs import (
@@ -121,3 +123,120 @@ def test_the_workload_output_is_echoed_and_shipped_line_by_line(logs: Any) -> No
 
     assert echo.getvalue() == b"epoch 1\nloss 0.5\ncaf\xc3\xa9\n"
     assert [e["message"] for e in stored(logs)] == ["epoch 1", "loss 0.5", "caf\u00e9"]
+
+
+# ---- a throttled or failing stream ----------------------------------------------------------------
+def _throttled(operation: str) -> ClientError:
+    return ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, operation)
+
+
+class FakeLogs:
+    """CloudWatch Logs that throttles the first `throttle_creates` CreateLogStream and
+    `throttle_puts` PutLogEvents calls (-1: every one), and keeps what it accepts."""
+
+    def __init__(self, *, throttle_creates: int = 0, throttle_puts: int = 0) -> None:
+        self.throttle_creates, self.throttle_puts = throttle_creates, throttle_puts
+        self.streams: list[str] = []
+        self.messages: list[str] = []
+
+    def create_log_stream(self, *, logGroupName: str, logStreamName: str) -> None:  # noqa: N803 - boto3's names
+        if self.throttle_creates:
+            self.throttle_creates -= 1
+            raise _throttled("CreateLogStream")
+        self.streams.append(logStreamName)
+
+    def put_log_events(self, *, logGroupName: str, logStreamName: str, logEvents: list[dict[str, Any]]) -> None:  # noqa: N803
+        if self.throttle_puts:
+            self.throttle_puts -= 1
+            raise _throttled("PutLogEvents")
+        self.messages += [e["message"] for e in logEvents]
+
+
+def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for the shipper's thread to get there (close() would cut its retries short)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the shipper never got there"
+        time.sleep(0.005)
+
+
+class Sleeps(list[float]):
+    """The shipper's backoff, recorded instead of slept."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def test_a_stream_throttled_for_longer_than_the_old_retries_is_created_and_every_line_shipped() -> None:
+    # given CreateLogStream throttled 12 times in a row (the old shipper gave up after 3.5 s of it)
+    logs, sleeps = FakeLogs(throttle_creates=12), Sleeps()
+    shipper = LogShipper(lambda: logs, interval=0.01, backoff=0.5, max_backoff=20, sleep=sleeps)
+    shipper.write("bootstrap starting")
+
+    # when the node ships its log
+    shipper.open(GROUP, STREAM)
+    for i in range(50):
+        shipper.write(f"line {i}")
+    until(lambda: len(logs.messages) == 51)
+    shipper.close()
+
+    # then the stream exists and holds every line, in order, after a capped exponential backoff
+    assert logs.streams == [STREAM]
+    assert logs.messages == ["bootstrap starting", *(f"line {i}" for i in range(50))]
+    assert sleeps == [min(20.0, 0.5 * 2**n) for n in range(12)]
+    assert sum(sleeps) > 3.5
+    assert shipper.dropped == 0
+
+
+def test_a_throttled_put_keeps_its_lines_until_it_passes() -> None:
+    logs, sleeps = FakeLogs(throttle_puts=9), Sleeps()
+    shipper = LogShipper(lambda: logs, interval=0.01, sleep=sleeps)
+    shipper.open(GROUP, STREAM)
+    for i in range(20):
+        shipper.write(f"step {i}")
+    until(lambda: len(logs.messages) == 20)
+    shipper.close()
+
+    assert logs.messages == [f"step {i}" for i in range(20)]
+    assert len(sleeps) == 9
+    assert shipper.dropped == 0
+
+
+def test_a_full_queue_drops_the_oldest_lines_and_the_stream_says_how_many() -> None:
+    # given a node whose stream is not known yet, writing more than the queue holds
+    logs = FakeLogs()
+    shipper = LogShipper(lambda: logs, interval=0.01, max_lines=100, sleep=Sleeps())
+    for i in range(250):
+        shipper.write(f"line {i}")
+
+    # when the stream opens
+    shipper.open(GROUP, STREAM)
+    shipper.close()
+
+    # then the newest 100 lines are shipped after one line that counts the 150 dropped
+    assert shipper.dropped == 150
+    note, *kept = logs.messages
+    assert "150 log line(s) dropped" in note
+    assert kept == [f"line {i}" for i in range(150, 250)]
+
+
+def test_a_queue_bounded_by_bytes_keeps_its_size() -> None:
+    shipper = LogShipper(FakeLogs, max_bytes=10_000, sleep=Sleeps())
+    for _ in range(100):
+        shipper.write("x" * 974)  # 1,000 bytes with the event overhead
+    assert shipper.dropped == 90
+
+
+def test_lines_a_stream_throttled_to_the_end_could_not_take_are_counted_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logs = FakeLogs(throttle_creates=-1)
+    shipper = LogShipper(lambda: logs, interval=0.01, sleep=Sleeps())
+    shipper.open(GROUP, STREAM)
+    for i in range(7):
+        shipper.write(f"line {i}")
+    shipper.close()
+
+    assert logs.streams == []
+    assert shipper.dropped == 7
+    assert "7 lines dropped in all" in capsys.readouterr().err

@@ -14,12 +14,17 @@ Design choices, each from a failure seen or documented (see docs/training.md):
   (parameters, optimizer state) are copied there; everything else (buffers, scheduler) is copied
   before ``save`` returns, and an optimizer step pre-hook waits for the copy to finish.
 - torch.save's per-record CRC32 is skipped while DCP writes shards: torch.load never checks it,
-  and computing it cost ~0.7 s per GB on one core. Instead each file's SHA-256 is computed as it
-  is written and recorded in COMMIT.json, with the job and attempt.
-- A checkpoint is trusted only if it is ours: before loading, its marker must name this job and its
-  folder hold exactly the listed files with their sizes and digests; one that fails is skipped for
-  the next older committed one (logged). Loading itself never unpickles arbitrary objects
-  (`safe_load`), since whoever can plant files can also write a matching marker.
+  and computing it cost ~0.7 s per GB on one core. Instead each file's BLAKE3 digest is computed as
+  it is written and recorded in COMMIT.json, with the job and attempt, and the marker is signed
+  with the job's checkpoint key when it has one.
+- A checkpoint is trusted only if it is ours: before loading, its marker must be signed with this
+  job's key (when it has one), name this job and its folder hold exactly the listed files with
+  their sizes and digests; one that fails, or that fails to load, is skipped for the next older
+  committed one (logged, and kept in `skipped`). Loading itself never unpickles arbitrary objects
+  (`safe_load`): without a key, whoever can plant files can also write a matching marker.
+- A save needs the process group: after ``destroy_process_group()`` (Accelerate's
+  ``end_training()``) DCP would write every rank's files as rank 0's into one folder; such a save
+  fails at once, before anything is written, and commits nothing.
 
 What a checkpoint holds and how its shards are written live in `state_io`; this module decides when
 to save, commits, purges and restores.
@@ -28,7 +33,6 @@ to save, commits, purges and restores.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import shutil
@@ -37,19 +41,19 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from gpujobs_trainer.buffers import take_buffers_from_rank0
+from gpujobs_trainer.checkpoint_restore import Restoring, summary
+from gpujobs_trainer.digests import DEFAULT_ALGORITHM
 from gpujobs_trainer.distributed import DistEnv
 from gpujobs_trainer.errors import CheckpointError
 from gpujobs_trainer.layout import (
@@ -57,15 +61,11 @@ from gpujobs_trainer.layout import (
     CommitMarker,
     Reason,
     is_rank_file,
-    provenance_problems,
-    resume_candidates,
     rng_file_name,
     steps_to_purge,
 )
-from gpujobs_trainer.rng import capture_rng_states, restore_rng_states
-from gpujobs_trainer.safe_load import SafeLoadPlanner, SafeReader, load_metadata
+from gpujobs_trainer.rng import capture_rng_states
 from gpujobs_trainer.state_io import (
-    EXTRAS_KEY,
     WRITER_THREADS,
     ShardWriter,
     TrainingState,
@@ -88,7 +88,7 @@ class SaveResult:
 
 @dataclass(frozen=True)
 class _Save:
-    """One save in progress: what it is for, and the SHA-256 of each file this rank wrote for it
+    """One save in progress: what it is for, and the digest of each file this rank wrote for it
     (``digests`` is filled while the shards are written)."""
 
     step: int
@@ -96,13 +96,14 @@ class _Save:
     position: Mapping[str, int]
     started: float
     digests: Mapping[str, str]
+    digest_algorithm: str
 
 
 CommitListener = Callable[[CommitMarker, str], None]
 _T = TypeVar("_T")
 
 
-class CheckpointManager:
+class CheckpointManager(Restoring):
     """Saves and restores checkpoints of one TrainingState in one CheckpointStore."""
 
     def __init__(
@@ -114,7 +115,9 @@ class CheckpointManager:
         keep: int = 2,
         job_id: str = "",
         attempt: int = 0,
+        key: bytes = b"",
         on_commit: CommitListener | None = None,
+        digest: str = DEFAULT_ALGORITHM,
     ) -> None:
         self.store = store
         self.env = env
@@ -122,7 +125,12 @@ class CheckpointManager:
         self.keep = max(2, keep)
         self.job_id = job_id
         self.attempt = attempt
+        self.key = key
+        """The job's checkpoint key: markers are signed with it, and must be to be resumed from."""
+        self.digest = digest
         self.on_commit = on_commit
+        self.skipped: list[str] = []
+        """Committed steps the last restore skipped, each with why."""
         self.last_committed_step: int | None = None
         self.last_commit: CommitMarker | None = None
         # Checkpoint traffic never shares the training group: async_save on it hangs the job.
@@ -149,7 +157,13 @@ class CheckpointManager:
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, *, step: int, reason: Reason, position: Mapping[str, int], blocking: bool) -> Future[SaveResult]:
-        """Start a checkpoint of ``step``; with ``blocking`` it is committed (or failed) on return."""
+        """Start a checkpoint of ``step``; with ``blocking`` it is committed (or failed) on return.
+        CheckpointError, with nothing written, when the process group is gone."""
+        if not dist.is_initialized():
+            raise CheckpointError(
+                f"cannot save step {step}: the process group is gone (destroy_process_group() ran first, as "
+                "Accelerate's end_training() does: call run.finish() before it); nothing was written or committed"
+            )
         self.wait()
         started = time.monotonic()
         if step == self.last_committed_step:
@@ -162,10 +176,10 @@ class CheckpointManager:
             shutil.rmtree(folder, ignore_errors=True)  # leftovers of a save cut short
             folder.mkdir(parents=True, exist_ok=True)
         dist.barrier(group=self._group)
-        writer = ShardWriter(str(folder), thread_count=WRITER_THREADS)
+        writer = ShardWriter(str(folder), thread_count=WRITER_THREADS, digest=self.digest)
         rng_file = rng_file_name(self.env.rank)
-        writer.digests[rng_file] = write_durably(folder / rng_file, json.dumps(capture_rng_states()))
-        pending = _Save(step, reason, position, started, writer.digests)
+        writer.digests[rng_file] = write_durably(folder / rng_file, json.dumps(capture_rng_states()), self.digest)
+        pending = _Save(step, reason, position, started, writer.digests, self.digest)
         state = self.state.state_dict()
         take_buffers_from_rank0(self.state.model, state["model"], group=self._group)
         if blocking:
@@ -222,7 +236,7 @@ class CheckpointManager:
             except Exception as exc:
                 error = exc
         if error is not None:
-            log.error("rank %d: checkpoint step %d failed: %s", self.env.rank, step, _summary(error))
+            log.error("rank %d: checkpoint step %d failed: %s", self.env.rank, step, summary(error))
         reports: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(reports, (error is None, mine), group=self._group)
         marker: CommitMarker | None = None
@@ -260,7 +274,8 @@ class CheckpointManager:
             position=dict(pending.position),
             job_id=self.job_id,
             attempt=self.attempt,
-        )
+            digest_algorithm=pending.digest_algorithm,
+        ).signed(self.key)
         self.store.write_commit(marker)
         return marker
 
@@ -312,132 +327,3 @@ class CheckpointManager:
         self._housekeeper.shutdown(wait=True)
         self._stager.close()
         self._step_hook.remove()
-
-    # ---- restoring ----------------------------------------------------------------------------
-    def restore(self) -> CommitMarker | None:
-        """Load the newest committed checkpoint that is ours; None when there is none.
-
-        A step whose marker is malformed, names another job, or whose files differ from what it
-        records is skipped (logged) for the next older one. Never silently starts from scratch:
-        when committed steps exist but none passes, or one passes and then fails to load, every
-        rank raises CheckpointError."""
-        self.wait_idle()
-        candidates = self._shared(self._committed_markers)
-        for step, marker, listed_problem in candidates:
-            problem = listed_problem
-            if marker is not None and not problem:
-                problem = self._shared_ok(functools.partial(self._fetch, marker))
-            if marker is None or problem:
-                log.warning("skipping checkpoint step %d: %s", step, problem)
-                continue
-            folder = self.store.staging_dir(step)
-            same_ranks = marker.world_size == self.env.world_size
-            planner = SafeLoadPlanner()
-            try:
-                template = {"app": self.state.load_template(per_rank=same_ranks)}
-                dcp_load(template, storage_reader=SafeReader(folder), planner=planner, process_group=self._group)
-                self.state.load_state_dict(template["app"])
-                self._restore_rng(marker, folder)
-            except (Exception, CheckpointException) as exc:
-                raise CheckpointError(
-                    f"checkpoint {self.store.step_uri(step)} is committed but corrupt: {_summary(exc)}"
-                ) from exc
-            _warn_unloaded_extras(planner.unloaded, rank=self.env.rank)
-            self.last_committed_step = step
-            self.last_commit = marker
-            return marker
-        if candidates:
-            steps = ", ".join(str(step) for step, _, _ in candidates)
-            raise CheckpointError(
-                f"no usable checkpoint at {self.store.uri}: committed steps {steps} all failed verification"
-            )
-        return None
-
-    def _committed_markers(self) -> list[tuple[int, CommitMarker | None, str]]:
-        """Committed steps, newest first, each with its marker (None if unreadable) and why it
-        cannot be trusted ('' when it can, as far as the marker itself tells)."""
-        listing = self.store.listing()
-        if listing.uncommitted:
-            log.warning(
-                "ignoring checkpoint folders without COMMIT.json (saves cut short): steps %s",
-                ", ".join(str(s) for s in listing.uncommitted),
-            )
-        candidates: list[tuple[int, CommitMarker | None, str]] = []
-        for step in resume_candidates(listing):
-            try:
-                marker = self.store.read_commit(step)
-            except CheckpointError as exc:
-                candidates.append((step, None, str(exc)))
-                continue
-            problems = provenance_problems(marker, step=step, job_id=self.job_id)
-            candidates.append((step, marker, "; ".join(problems)))
-        return candidates
-
-    def _fetch(self, marker: CommitMarker) -> None:
-        """Verify the step's files (downloading them first from S3) and that its DCP metadata
-        loads safely and points only into listed shards; once per node."""
-        if self.env.local_rank == 0:
-            folder = self.store.fetch(marker.step, marker)
-            load_metadata(folder / DCP_METADATA_FILE, shard_files=marker.files)
-
-    def _restore_rng(self, marker: CommitMarker, folder: Path) -> None:
-        path = folder / rng_file_name(self.env.rank)
-        if marker.world_size != self.env.world_size or not path.is_file():
-            log.warning(
-                "checkpoint step %d was saved by %d ranks, now %d: RNG states and per-rank state not restored",
-                marker.step,
-                marker.world_size,
-                self.env.world_size,
-            )
-            return
-        restore_rng_states(json.loads(path.read_text(encoding="utf-8")))
-
-    def _shared(self, produce: Callable[[], list[_T]]) -> list[_T]:
-        """Run ``produce`` on rank 0 and give every rank its result or its error."""
-        box: list[Any] = [None]
-        if self.env.is_main:
-            try:
-                box[0] = ("ok", produce())
-            except Exception as exc:
-                box[0] = ("error", f"{type(exc).__name__}: {exc}")
-        dist.broadcast_object_list(box, src=0, group=self._group)
-        status, value = box[0]
-        if status == "error":
-            raise CheckpointError(f"cannot read checkpoints at {self.store.uri}: {value}")
-        result: list[_T] = value
-        return result
-
-    def _shared_ok(self, action: Callable[[], None]) -> str:
-        """Run ``action`` on every rank; return the first rank's error message, or ''."""
-        try:
-            action()
-            mine = ""
-        except Exception as exc:
-            mine = str(exc)
-        reports: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(reports, mine, group=self._group)
-        return next((r for r in reports if r), "")
-
-
-def _warn_unloaded_extras(keys: tuple[str, ...], *, rank: int) -> None:
-    """Saved values of ``init(state=...)`` objects whose fresh ``state_dict()`` lacks their keys
-    (keys that appear as training runs): DCP does not load them, so the resume is not exact."""
-    lost = [key for key in keys if key.startswith(f"app.{EXTRAS_KEY}.")]
-    if lost and rank == 0:
-        log.warning(
-            "checkpoint values not restored, because the state_dict() of the object given to "
-            "init(state=...) has no such keys before training (give it a fixed key set): %s",
-            ", ".join(lost[:10]) + (" ..." if len(lost) > 10 else ""),
-        )
-
-
-def _summary(exc: BaseException) -> str:
-    """One line per failing rank instead of DCP's multi-rank traceback dump."""
-    if isinstance(exc, CheckpointException):
-        parts = []
-        for rank, failure in sorted(exc.failures.items()):
-            inner = failure[0] if isinstance(failure, tuple) else failure
-            first = (str(inner).strip().splitlines() or [""])[0]
-            parts.append(f"rank {rank}: {type(inner).__name__}: {first}")
-        return "; ".join(parts)
-    return f"{type(exc).__name__}: {exc}"

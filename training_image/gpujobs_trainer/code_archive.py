@@ -14,8 +14,13 @@ each member also passes tarfile's own `data` filter (PEP 706) where this Python 
 3.10.12+, 3.9.17+, 3.12+): it refuses a member that a link already in the working directory (the
 image's own) would lead outside it; without it, the checks above stand alone.
 
-A refused or unreadable archive is a configuration error (exit 78): another attempt would fetch
-the same bytes.
+A refused archive is a configuration error (exit 78): another attempt would fetch the same
+bytes. So is an archive that is not there or that the job may not read (NoSuchKey, AccessDenied: a
+4xx on the user's own object), and bytes of another digest. A transient S3 failure (SlowDown,
+InternalError, RequestTimeout, throttling, a 5xx, a connection that dropped) is not what the user
+wrote: botocore retries it first (adaptive mode), then the whole fetch is tried again with backoff
+(`FETCH_ATTEMPTS`), and if S3 still fails, `CodeFetchUnavailableError` ends the attempt as a crash,
+which the control plane retries, rather than as a configuration error, which fails the job.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import logging
 import os
 import tarfile
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from gpujobs_trainer.errors import ConfigError
+from gpujobs_trainer.errors import ConfigError, TrainerError
 
 log = logging.getLogger("gpujobs_trainer.code_archive")
 
@@ -38,14 +45,73 @@ _DATA_FILTER = getattr(tarfile, "data_filter", None)
 """PEP 706's `data` filter, absent before Python 3.11.4 / 3.10.12 / 3.9.17."""
 MAX_MEMBERS = 100_000
 _CHUNK = 1024 * 1024
+FETCH_ATTEMPTS = 5
+"""Tries of the whole download (each with botocore's own retries inside) before S3 counts as down."""
+FETCH_BACKOFF_SECONDS = 2.0
+"""The first pause between two tries; it doubles each time (2, 4, 8, 16 s: about half a minute)."""
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "InternalError",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "ServiceUnavailable",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+    }
+)
+"""S3 error codes that say nothing about the archive the user named."""
 
 
 class CodeArchiveError(ConfigError):
-    """The code archive cannot be fetched, is not the one the job names, or is unsafe to unpack."""
+    """The code archive is not there, may not be read, is not the one the job names, or is unsafe
+    to unpack: what the user wrote, so another attempt would fail the same way."""
 
 
-def fetch(uri: str, expected_sha256: str, into: Path, *, s3: Any = None) -> Path:
-    """Download ``uri`` (s3://bucket/key) into the folder ``into``; refuse bytes of another digest."""
+class CodeFetchUnavailableError(TrainerError):
+    """S3 kept failing transiently while the archive was fetched: not a configuration error."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (from boto3/botocore/s3transfer) is S3 or the network failing, not the request:
+    a throttling or 5xx error, a timeout, a dropped connection, retries exhausted on a read."""
+    from boto3.exceptions import RetriesExceededError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return str(error.get("Code", "")) in TRANSIENT_CODES or status >= 500 or status in (408, 429)
+    return isinstance(exc, (BotoCoreError, RetriesExceededError, ConnectionError, TimeoutError))
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError)
+
+
+def s3_client() -> Any:
+    """An S3 client whose own retries take throttling and 5xx errors (adaptive mode)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries={"max_attempts": 10, "mode": "adaptive"}))
+
+
+def fetch(
+    uri: str,
+    expected_sha256: str,
+    into: Path,
+    *,
+    s3: Any = None,
+    attempts: int = FETCH_ATTEMPTS,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Path:
+    """Download ``uri`` (s3://bucket/key) into the folder ``into``; refuse bytes of another digest.
+    CodeArchiveError for what the user wrote; CodeFetchUnavailableError when S3 kept failing."""
     parsed = urlparse(uri)
     if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
         raise CodeArchiveError(f"code {uri!r} is not s3://bucket/key")
@@ -54,17 +120,24 @@ def fetch(uri: str, expected_sha256: str, into: Path, *, s3: Any = None) -> Path
             f"code archive {uri} comes without code_sha256: refused, its bytes could have been replaced "
             "in S3 since submit (give the spec's code_sha256; gpujobs submit computes it for a folder it packs)"
         )
-    if s3 is None:
-        import boto3
-
-        s3 = boto3.client("s3")
-    from botocore.exceptions import ClientError
-
+    s3 = s3_client() if s3 is None else s3
     target = into / "code.tar.gz"
-    try:
-        s3.download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
-    except ClientError as exc:
-        raise CodeArchiveError(f"cannot read the code archive {uri}: {exc}") from exc
+    for attempt in range(1, attempts + 1):
+        try:
+            s3.download_file(parsed.netloc, parsed.path.lstrip("/"), str(target))
+            break
+        except Exception as exc:
+            if not is_transient(exc):
+                if _is_client_error(exc):  # NoSuchKey, AccessDenied, ...: the archive the user named
+                    raise CodeArchiveError(f"cannot read the code archive {uri}: {exc}") from exc
+                raise
+            if attempt == attempts:
+                raise CodeFetchUnavailableError(
+                    f"S3 kept failing while the code archive {uri} was fetched ({attempts} tries): {exc}"
+                ) from exc
+            pause = FETCH_BACKOFF_SECONDS * 2 ** (attempt - 1)
+            log.warning("fetching the code archive %s failed (try %d): %s; again in %.0f s", uri, attempt, exc, pause)
+            sleep(pause)
     with open(target, "rb") as handle:
         actual = hashlib.file_digest(handle, "sha256").hexdigest()
     if actual != expected_sha256:

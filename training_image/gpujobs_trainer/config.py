@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpujobs_trainer.errors import ConfigError
 from gpujobs_trainer.outputs import DEFAULT_OUTPUT_DIR, OUTPUT_DIR_ENV
+from gpujobs_trainer.signing import checkpoint_key_from_env
 
 DEFAULT_IMDS_ENDPOINT = "http://169.254.169.254"
 
@@ -43,6 +44,7 @@ class TrainerConfig:
     compile: bool  # GPUJOBS_COMPILE (default 0)
     outcome_dir: str  # GPUJOBS_OUTCOME_DIR (set by the launcher; empty = no outcome files)
     output_dir: str = DEFAULT_OUTPUT_DIR  # GPUJOBS_OUTPUT_DIR (set by the bootstrap; uploaded to outputs/<job-id>/)
+    checkpoint_key: bytes = field(default=b"", repr=False)  # GPUJOBS_CHECKPOINT_KEY (hex; empty = unsigned)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrainerConfig:
@@ -80,6 +82,7 @@ class TrainerConfig:
             compile=compile_requested(source),
             outcome_dir=source.get("GPUJOBS_OUTCOME_DIR", ""),
             output_dir=source.get(OUTPUT_DIR_ENV, "") or DEFAULT_OUTPUT_DIR,
+            checkpoint_key=checkpoint_key_from_env(source),
         )
 
 

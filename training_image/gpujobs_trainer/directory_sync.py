@@ -4,256 +4,339 @@ For scripts that do not use the trainer library (SageMaker's checkpoint channel 
 script saves and loads whatever it likes under ``$GPUJOBS_CHECKPOINT_DIR``; the launcher restores
 that folder before the command starts, syncs it while it runs and once more after the workers exit.
 
-The copy lives under ``<GPUJOBS_CHECKPOINT_URI>/dir/``:
+The copy lives under ``<GPUJOBS_CHECKPOINT_URI>/dir/`` (`sync_objects`): ``blobs/<digest>`` holds
+the bytes of each file, named by their BLAKE3 digest, and each sync writes one signed manifest,
+``manifests/<attempt>-<sequence>.json`` (`sync_manifest`), after the blobs it lists.
 
-* ``blobs/<sha256>``: the bytes of each file, named by their digest, so a blob never changes once
-  written and a file that did not change is never uploaded again;
-* ``MANIFEST.json``: relative path -> digest and size for every file, written last. One PUT
-  replaces it whole, so a restore sees the previous sync or this one, never half of each: a sync
-  cut short by the instance going away leaves the last complete manifest in place.
-
-Blobs that the previous manifest listed and the new one does not are deleted after the new one is
-written, except those of the manifest the attempt was restored from (another node may still be
-restoring them); the last sync deletes every blob its manifest does not list. A file is read only when its size or mtime changed, and is skipped for this round when it
-changes while being read (a save in progress); the final sync runs after the workers have exited,
-when nothing writes any more. Symlinks and other non-regular files are not synced. Multi-node jobs:
-node 0's folder is the job's (scripts save from global rank 0); every node restores it.
+- **The bytes uploaded are the bytes hashed.** A changed file is copied to a private snapshot,
+  hashed on the way, and the snapshot is what is uploaded as ``blobs/<digest>``: a script that
+  replaces the file meanwhile (a save by rename) cannot put other bytes under that digest. A file
+  that changed while it was copied is left for the next round (it keeps its last synced entry)
+  unless the workers have exited; a file is read only when its size, mtime or inode changed.
+- **A restore verifies and falls back.** It tries the manifests newest first (a later attempt's
+  before an earlier one's): one that is malformed, another job's or unsigned (when the job has a
+  checkpoint key), or whose blobs are missing or do not match their digests is skipped, with the
+  reason logged, for the one before. When manifests exist and none can be restored, the launcher
+  exits 78: it never silently starts a job over.
+- **Two attempts may sync at once** (a replacement starts while the old node 0 still runs). Before
+  it downloads anything, a restoring attempt writes a copy of the manifest it restores under its
+  own attempt number (its claim). Only the newest attempt collects garbage: an attempt that sees a
+  manifest of a later one never deletes anything again. Garbage is what the newest `KEEP_MANIFESTS`
+  valid manifests do not reach: older manifests, then blobs that none of those lists (and, while the
+  attempt runs, none of the manifest it restored, which its other nodes may still be downloading).
+- Symlinks and other non-regular files are not synced. Multi-node jobs: node 0's folder is the
+  job's (scripts save from global rank 0); every node restores it, and only node 0 claims.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import logging
+import os
 import shutil
+import stat
 import tempfile
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
-from urllib.parse import urlparse
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 
+from gpujobs_trainer.digests import new_hasher
 from gpujobs_trainer.errors import CheckpointError
+from gpujobs_trainer.sync_manifest import (
+    BLOBS,
+    MANIFESTS,
+    Entry,
+    Manifest,
+    manifest_problem,
+    newest_first,
+    safe_relative,
+)
+from gpujobs_trainer.sync_objects import LocalObjects, Objects, S3Objects, objects_for
+
+__all__ = ["DirectorySync", "Entry", "LocalObjects", "Manifest", "Objects", "S3Objects", "local_folder", "objects_for"]
 
 log = logging.getLogger("gpujobs_trainer.directory_sync")
 
-MANIFEST = "MANIFEST.json"
-MANIFEST_VERSION = 1
-SYNC_SUBFOLDER = "dir"
+KEEP_MANIFESTS = 3
+"""Valid manifests kept (the newest and two to fall back on); blobs only they reach are kept."""
+LEGACY_MANIFEST = "MANIFEST.json"
+FINAL_SYNC_TRIES = 4
+FINAL_SYNC_BACKOFF_SECONDS = 2.0
+_CHUNK = 4 * 1024 * 1024
+Listener = Callable[[Manifest], None]
 
 
-class Objects(Protocol):
-    """Where the folder's copy lives: S3 in production, a local folder in tests."""
-
-    where: str
-
-    def read(self, key: str) -> bytes | None: ...
-    def upload(self, path: Path, key: str) -> None: ...
-    def write(self, key: str, data: bytes) -> None: ...
-    def download(self, key: str, path: Path) -> None: ...
-    def delete(self, key: str) -> None: ...
-    def names(self, folder: str) -> list[str]: ...
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-class S3Objects:
-    """Keys under ``s3://bucket/prefix/``; boto3 honours AWS_ENDPOINT_URL (moto, the local cloud)."""
-
-    def __init__(self, bucket: str, prefix: str) -> None:
-        import boto3
-        from botocore.config import Config
-
-        self.bucket, self.prefix = bucket, prefix.strip("/")
-        self.where = f"s3://{bucket}/{self.prefix}/"
-        self._s3: Any = boto3.client("s3", config=Config(retries={"max_attempts": 8, "mode": "adaptive"}))
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}"
-
-    def read(self, key: str) -> bytes | None:
-        try:
-            return bytes(self._s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read())
-        except self._s3.exceptions.NoSuchKey:
-            return None
-
-    def upload(self, path: Path, key: str) -> None:
-        self._s3.upload_file(str(path), self.bucket, self._key(key))
-
-    def write(self, key: str, data: bytes) -> None:
-        self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-
-    def download(self, key: str, path: Path) -> None:
-        self._s3.download_file(self.bucket, self._key(key), str(path))
-
-    def delete(self, key: str) -> None:
-        self._s3.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def names(self, folder: str) -> list[str]:
-        base = self._key(folder) + "/"
-        pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
-        return [obj["Key"][len(base) :] for page in pages for obj in page.get("Contents", [])]
+def _blob(digest: str) -> str:
+    return f"{BLOBS}/{digest}"
 
 
-class LocalObjects:
-    """Keys as files under a local folder (tests, and a local GPUJOBS_CHECKPOINT_URI)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.where = f"{root}/"
-
-    def read(self, key: str) -> bytes | None:
-        path = self.root / key
-        return path.read_bytes() if path.is_file() else None
-
-    def upload(self, path: Path, key: str) -> None:
-        (self.root / key).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, self.root / key)
-
-    def write(self, key: str, data: bytes) -> None:
-        target = self.root / key
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged = target.with_name(f".{target.name}.tmp")
-        staged.write_bytes(data)
-        staged.replace(target)
-
-    def download(self, key: str, path: Path) -> None:
-        shutil.copyfile(self.root / key, path)
-
-    def delete(self, key: str) -> None:
-        (self.root / key).unlink(missing_ok=True)
-
-    def names(self, folder: str) -> list[str]:
-        base = self.root / folder
-        return sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+def _signature(path: Path) -> tuple[int, int, int]:
+    found = path.stat(follow_symlinks=False)
+    return found.st_size, found.st_mtime_ns, found.st_ino
 
 
-def objects_for(checkpoint_uri: str) -> Objects:
-    """The copy's location: ``dir/`` under the job's checkpoint URI (s3://, file:// or a path)."""
-    parsed = urlparse(checkpoint_uri)
-    if parsed.scheme == "s3" and parsed.netloc:
-        return S3Objects(parsed.netloc, f"{parsed.path.strip('/')}/{SYNC_SUBFOLDER}".lstrip("/"))
-    if parsed.scheme in ("", "file"):
-        return LocalObjects(Path(parsed.path) / SYNC_SUBFOLDER)
-    raise CheckpointError(f"checkpoint URI {checkpoint_uri!r}: unsupported for checkpoint: directory")
-
-
-@dataclass(frozen=True)
-class Entry:
-    sha256: str
-    size: int
-
-
-def safe_relative(name: str) -> PurePosixPath:
-    """``name`` as a path inside the folder, or CheckpointError (absolute, ``..``, empty parts)."""
-    path = PurePosixPath(name)
-    if not name or path.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
-        raise CheckpointError(f"{MANIFEST} lists {name[:120]!r}, which is not a path inside the folder")
-    return path
-
-
-def parse_manifest(data: bytes) -> dict[str, Entry]:
-    """The files a manifest lists, each a safe relative path with a digest and a size."""
-    try:
-        raw = json.loads(data)
-        if raw["version"] != MANIFEST_VERSION:
-            raise ValueError(f"version {raw['version']!r}")
-        files = {str(n): Entry(str(e["sha256"]), int(e["size"])) for n, e in dict(raw["files"]).items()}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{MANIFEST} is malformed: {exc}") from exc
-    for name, entry in files.items():
-        safe_relative(name)
-        if len(entry.sha256) != 64 or entry.size < 0:
-            raise CheckpointError(f"{MANIFEST} entry {name!r} has no valid digest and size")
-    return files
-
-
-def manifest_bytes(files: dict[str, Entry], *, sequence: int) -> bytes:
-    listed = {n: {"sha256": e.sha256, "size": e.size} for n, e in sorted(files.items())}
-    return json.dumps({"version": MANIFEST_VERSION, "sequence": sequence, "files": listed}, indent=1).encode()
-
-
-def _digest(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+def _fd_signature(fd: int) -> tuple[int, int, int]:
+    found = os.fstat(fd)
+    return found.st_size, found.st_mtime_ns, found.st_ino
 
 
 class DirectorySync:
     """Restores the folder, then keeps its copy current: `sync_once` from a thread, `finish` last."""
 
-    def __init__(self, folder: Path, objects: Objects) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        objects: Objects,
+        *,
+        job_id: str = "local",
+        attempt: int = 0,
+        key: bytes = b"",
+        keep: int = KEEP_MANIFESTS,
+        on_manifest: Listener | None = None,
+    ) -> None:
         self.folder = folder
         self.objects = objects
+        self.job_id, self.attempt, self.key = job_id, attempt, key
+        self.keep = max(2, keep)
+        self.on_manifest = on_manifest
+        self.last_manifest: Manifest | None = None
+        """The newest manifest this attempt wrote (or restored): what a heartbeat reports."""
+        self.skipped: list[str] = []
+        """Manifests the restore skipped, each with why."""
+        self.superseded = False
+        """Whether a later attempt's manifest was seen: this one then never deletes anything."""
         self._synced: dict[str, Entry] = {}
+        self._uploaded: set[str] = set()  # digests of blobs known to be in the copy
         self._pinned: frozenset[str] = frozenset()  # the restored manifest's blobs
-        self._seen: dict[str, tuple[int, int, Entry]] = {}  # name -> (size, mtime_ns, entry)
+        self._seen: dict[str, tuple[tuple[int, int, int], Entry]] = {}  # name -> (stat signature, entry)
+        self._known: dict[str, Manifest | None] = {}  # manifest name -> parsed and valid (None: not)
         self._sequence = 0
+        self._scratch: Path | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def restore(self) -> int:
-        """Fill the (empty) folder from the last complete sync; returns how many files it restored."""
+    # ---- restoring ----------------------------------------------------------------------------
+    def restore(self, *, claim: bool = True) -> int:
+        """Fill the (empty) folder from the newest manifest that can be restored; returns how many
+        files it restored. ``claim``: this is the node that syncs (node 0), so it claims the manifest."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = self.objects.read(MANIFEST)
-        if data is None:
+        if self.objects.read(LEGACY_MANIFEST) is not None:
+            log.warning("ignoring %s%s: no launcher of this version writes it", self.objects.where, LEGACY_MANIFEST)
+        candidates = newest_first(self.objects.names(MANIFESTS))
+        if not candidates:
             log.info("no synced checkpoint folder at %s: starting with an empty %s", self.objects.where, self.folder)
             return 0
-        files = parse_manifest(data)
-        self._sequence = int(json.loads(data).get("sequence", 0))
-        for name, entry in files.items():
-            target = self.folder / safe_relative(name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.objects.download(f"blobs/{entry.sha256}", target)
-            if target.stat().st_size != entry.size or _digest(target) != entry.sha256:
-                raise CheckpointError(f"{name} restored from {self.objects.where} does not match its digest")
-        self._synced = files
-        self._pinned = frozenset(e.sha256 for e in files.values())
-        log.info("restored %d file(s) from %s into %s", len(files), self.objects.where, self.folder)
-        return len(files)
+        for _, _, name in candidates:
+            manifest, problem = self._valid(name)
+            if manifest is None:
+                self._skip(name, problem)
+                continue
+            claimed = self._claim(manifest) if claim else None
+            try:
+                self._download(manifest)
+            except (CheckpointError, OSError) as exc:
+                self._skip(name, str(exc))
+                if claimed is not None and claimed != name:
+                    with contextlib.suppress(Exception):
+                        self.objects.delete(f"{MANIFESTS}/{claimed}")
+                continue
+            self._synced = dict(manifest.files)
+            self._uploaded = set(manifest.digests)
+            self._pinned = manifest.digests
+            self._sequence = manifest.sequence
+            self.last_manifest = manifest
+            log.info(
+                "restored %d file(s) of %s%s/%s into %s",
+                len(manifest.files),
+                self.objects.where,
+                MANIFESTS,
+                name,
+                self.folder,
+            )
+            return len(manifest.files)
+        raise CheckpointError(
+            f"no synced folder at {self.objects.where} can be restored: {len(candidates)} manifest(s), "
+            f"all skipped: {'; '.join(self.skipped[:5])}"
+        )
 
-    def _scan(self, *, settled: bool) -> dict[str, Entry]:
-        """Regular files under the folder with their digests; a file that changes while it is read
-        keeps its last synced entry (or is left out) unless `settled` (nothing writes any more)."""
-        found: dict[str, Entry] = {}
+    def _skip(self, name: str, problem: str) -> None:
+        self.skipped.append(f"{name}: {problem}")
+        log.warning("skipping the synced folder's manifest %s: %s", name, problem)
+
+    def _valid(self, name: str) -> tuple[Manifest | None, str]:
+        """The manifest ``name`` if it is this job's (signed with its key, when it has one)."""
+        if name in self._known:
+            known = self._known[name]
+            return known, "" if known is not None else "invalid"
+        data = self.objects.read(f"{MANIFESTS}/{name}")
+        try:
+            if data is None:
+                raise CheckpointError("it is gone")
+            manifest = Manifest.from_bytes(data)
+            problem = manifest_problem(manifest, name=name, job_id=self.job_id, key=self.key)
+        except CheckpointError as exc:
+            manifest, problem = None, str(exc)
+        valid = manifest if not problem else None
+        self._known[name] = valid
+        return valid, problem
+
+    def _claim(self, base: Manifest) -> str:
+        """Record, before downloading, that this attempt continues from ``base``: an older attempt
+        that still syncs sees it and stops deleting."""
+        claim = Manifest(
+            job_id=self.job_id, attempt=self.attempt, sequence=base.sequence, time=_now(), files=base.files
+        )
+        self.objects.write(f"{MANIFESTS}/{claim.name}", claim.to_bytes(self.key))
+        self._known[claim.name] = claim
+        return claim.name
+
+    def _download(self, manifest: Manifest) -> None:
+        """Every listed file, each blob verified against its size and digest before it is moved in."""
+        scratch = self._scratch_dir()
+        fetched: dict[str, Path] = {}
+        written: list[Path] = []
+        try:
+            for name, entry in sorted(manifest.files.items()):
+                target = self.folder / safe_relative(name)
+                if entry.digest not in fetched:
+                    staged = scratch / f"restore-{len(fetched)}"
+                    self.objects.download(_blob(entry.digest), staged)
+                    size, digest = _measure(staged)
+                    if (size, digest) != (entry.size, entry.digest):
+                        raise CheckpointError(f"{name}: blob {entry.digest[:16]}... holds other bytes than listed")
+                    fetched[entry.digest] = staged
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(fetched[entry.digest], target)
+                written.append(target)
+                self._seen[name] = (_signature(target), entry)  # unchanged since: never read again
+        except Exception:
+            for path in written:
+                path.unlink(missing_ok=True)
+            self._seen.clear()
+            raise
+        finally:
+            for staged in fetched.values():
+                staged.unlink(missing_ok=True)
+
+    # ---- syncing ------------------------------------------------------------------------------
+    def _scratch_dir(self) -> Path:
+        """A private folder beside the synced one (same file system): snapshots and downloads."""
+        if self._scratch is None:
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            self._scratch = Path(tempfile.mkdtemp(prefix=".gpujobs-sync-", dir=self.folder.parent))
+        return self._scratch
+
+    def _snapshot(self, path: Path, index: int) -> tuple[Entry, Path, tuple[int, int, int], bool]:
+        """Copy ``path`` to a private snapshot, hashing what is copied: its entry, the snapshot, the
+        signature of the file copied, and whether that file changed while it was copied. The file
+        stays open throughout, so a save that renames a new file over it meanwhile (the usual way)
+        leaves the copy whole: only a file written in place can change under it."""
+        snapshot = self._scratch_dir() / f"snapshot-{index}"
+        hasher, size = new_hasher(), 0
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # never a link, never block on a FIFO
+        with os.fdopen(os.open(path, flags), "rb") as source, open(snapshot, "wb") as copy:
+            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                raise IsADirectoryError(f"{path} is no longer a regular file")
+            before = _fd_signature(source.fileno())
+            while chunk := source.read(_CHUNK):
+                hasher.update(chunk)
+                copy.write(chunk)
+                size += len(chunk)
+            changed = _fd_signature(source.fileno()) != before
+        return Entry(hasher.hexdigest(), size), snapshot, before, changed
+
+    def _scan(self, *, settled: bool) -> tuple[dict[str, Entry], dict[str, Path], dict[str, tuple[int, int, int]]]:
+        """Regular files under the folder with their entries; a snapshot of each whose bytes may not
+        be in the copy yet. A file that changes while it is copied keeps its last synced entry (or
+        is left out) unless ``settled`` (nothing writes any more)."""
+        files: dict[str, Entry] = {}
+        snapshots: dict[str, Path] = {}
+        signatures: dict[str, tuple[int, int, int]] = {}
         for path in sorted(self.folder.rglob("*")):
             if path.is_symlink() or not path.is_file():
                 continue
             name = path.relative_to(self.folder).as_posix()
-            before = path.stat()
-            cached = self._seen.get(name)
-            if cached is not None and cached[:2] == (before.st_size, before.st_mtime_ns):
-                found[name] = cached[2]
+            try:
+                signature = _signature(path)
+                cached = self._seen.get(name)
+                if cached is not None and cached[0] == signature and cached[1].digest in self._uploaded:
+                    files[name] = cached[1]
+                    continue
+                entry, snapshot, signature, changed = self._snapshot(path, len(snapshots))
+            except OSError:  # removed, or replaced by a link or a folder, while scanned
                 continue
-            entry = Entry(_digest(path), before.st_size)
-            after = path.stat()
-            if not settled and (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            if changed and not settled:
+                snapshot.unlink()
                 if name in self._synced:
-                    found[name] = self._synced[name]
+                    files[name] = self._synced[name]
                 continue
-            self._seen[name] = (before.st_size, before.st_mtime_ns, entry)
-            found[name] = entry
-        return found
+            files[name], snapshots[name], signatures[name] = entry, snapshot, signature
+        return files, snapshots, signatures
 
     def sync_once(self, *, settled: bool = False) -> bool:
-        """Upload what changed, then the manifest; returns whether a new manifest was written."""
+        """Upload what changed, then a new manifest; returns whether one was written."""
         with self._lock:
-            files = self._scan(settled=settled)
-            if files == self._synced:
-                return False
-            uploaded = {e.sha256 for e in self._synced.values()}
-            for name, entry in files.items():
-                if entry.sha256 not in uploaded:
-                    self.objects.upload(self.folder / name, f"blobs/{entry.sha256}")
-                    uploaded.add(entry.sha256)
-            self._sequence += 1
-            self.objects.write(MANIFEST, manifest_bytes(files, sequence=self._sequence))
-            kept = {e.sha256 for e in files.values()} | self._pinned
-            for gone in {e.sha256 for e in self._synced.values()} - kept:
-                self.objects.delete(f"blobs/{gone}")
-            self._synced = files
-            log.info("synced %s: %d file(s), manifest %d", self.folder, len(files), self._sequence)
-            return True
+            files, snapshots, signatures = self._scan(settled=settled)
+            try:
+                if files == self._synced:
+                    return False
+                for name, snapshot in snapshots.items():
+                    digest = files[name].digest
+                    if digest not in self._uploaded:
+                        self.objects.upload(snapshot, _blob(digest))
+                        self._uploaded.add(digest)
+                self._sequence += 1
+                manifest = Manifest(
+                    job_id=self.job_id, attempt=self.attempt, sequence=self._sequence, time=_now(), files=files
+                )
+                self.objects.write(f"{MANIFESTS}/{manifest.name}", manifest.to_bytes(self.key))
+            finally:
+                for snapshot in snapshots.values():
+                    snapshot.unlink(missing_ok=True)
+            self._known[manifest.name] = manifest
+            self._seen.update({name: (signatures[name], files[name]) for name in signatures})
+            self._synced, self.last_manifest = files, manifest
+            log.info("synced %s: %d file(s), manifest %s", self.folder, len(files), manifest.name)
+            self._collect_garbage_safely()
+        if self.on_manifest is not None:
+            self.on_manifest(manifest)
+        return True
 
+    # ---- garbage ------------------------------------------------------------------------------
+    def _collect_garbage_safely(self) -> None:
+        try:
+            self.collect_garbage()
+        except Exception:  # housekeeping: the next sync tries again
+            log.warning("cleaning up the synced folder's copy failed; will retry", exc_info=True)
+
+    def collect_garbage(self) -> None:
+        """Delete what the newest `keep` valid manifests do not reach, unless a later attempt exists
+        (it is the one that cleans up then). Blobs of the restored manifest stay while pinned."""
+        listed = newest_first(self.objects.names(MANIFESTS))
+        if any(attempt > self.attempt for attempt, _, _ in listed):
+            if not self.superseded:
+                log.info("a later attempt syncs %s too: this one deletes nothing from now on", self.objects.where)
+            self.superseded = True
+            return
+        valid = [(name, manifest) for _, _, name in listed if (manifest := self._valid(name)[0]) is not None]
+        kept = valid[: self.keep]
+        reachable = set(self._pinned).union(*(manifest.digests for _, manifest in kept))
+        for name, _ in valid[self.keep :]:
+            self.objects.delete(f"{MANIFESTS}/{name}")
+            self._known.pop(name, None)
+        for digest in self.objects.names(BLOBS):
+            if digest not in reachable:
+                self.objects.delete(_blob(digest))
+                self._uploaded.discard(digest)
+
+    # ---- running ------------------------------------------------------------------------------
     def start(self, interval: float) -> None:
         """Sync every `interval` seconds until `finish`; a failed round is logged and tried again."""
 
@@ -267,17 +350,40 @@ class DirectorySync:
         self._thread = threading.Thread(target=loop, name="gpujobs-directory-sync", daemon=True)
         self._thread.start()
 
-    def finish(self) -> None:
-        """The last sync, once the workers have exited; raises when it cannot be completed. Then
-        every blob the manifest does not list goes (the other nodes restored long ago)."""
+    def finish(self, *, tries: int = FINAL_SYNC_TRIES, sleep: Callable[[float], object] = time.sleep) -> None:
+        """The last sync, once the workers have exited, tried ``tries`` times with backoff; raises
+        when it cannot be completed. Then the pin on the restored manifest's blobs goes."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.sync_once(settled=True)
-        listed = {e.sha256 for e in self._synced.values()}
-        for name in self.objects.names("blobs"):
-            if name not in listed:
-                self.objects.delete(f"blobs/{name}")
+        try:
+            for attempt in range(1, tries + 1):
+                try:
+                    self.sync_once(settled=True)
+                    break
+                except Exception as exc:
+                    if attempt == tries:
+                        raise
+                    pause = FINAL_SYNC_BACKOFF_SECONDS * 2 ** (attempt - 1)
+                    log.warning(
+                        "the last sync of %s failed (try %d): %s; again in %.0f s", self.folder, attempt, exc, pause
+                    )
+                    sleep(pause)
+            self._pinned = frozenset()
+            with self._lock:
+                self._collect_garbage_safely()
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _measure(path: Path) -> tuple[int, str]:
+    hasher, size = new_hasher(), 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+    return size, hasher.hexdigest()
 
 
 def local_folder(env: Mapping[str, str]) -> Path:

@@ -16,6 +16,11 @@ CONFIG_ERROR_EXIT_CODE = 78
 """EX_CONFIG: bad environment, unreachable checkpoint URI or unusable checkpoint. Retrying the
 same configuration will fail the same way; training never silently starts from scratch instead."""
 
+SYNC_FAILED_EXIT_CODE = 74
+"""EX_IOERR, ``checkpoint: directory`` only: the script ended (it succeeded, or was stopped from outside)
+but the last sync of its folder failed after retries, so what it saved since the previous sync is not
+in S3. Not a crash of the script: a retry resumes from the last complete sync."""
+
 COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
 """The training command's program exists but cannot be executed (as a shell and `docker run` report it)."""
 

@@ -5,7 +5,8 @@ IP, a fresh rendezvous id per attempt, no in-place restarts: the control plane r
 instances and the job resumes from its checkpoint), forwards signals and maps the outcome to one
 exit code: 0 succeeded, 75 preempted with a committed checkpoint, 78 configuration error,
 127/126 the command's program (or python's script) is not found / not executable (checked before
-torchrun, which would only crash on it; the codes a shell and `docker run` give), 1 anything else.
+torchrun, which would only crash on it; the codes a shell and `docker run` give), 74 (``checkpoint:
+directory``) the script ended well but its folder's last sync failed, 1 anything else.
 
 Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers and waits
 ``GPUJOBS_SHUTDOWN_TIMEOUT`` seconds before SIGKILL. SIGUSR1 ("checkpoint now, keep training")
@@ -19,7 +20,8 @@ before reporting its exit: that report may end the job, and the instance with it
 Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
 working directory (`code_archive`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
 ``directory`` or ``none``) get their checkpoint folder, its sync and their exit code from
-`script_checkpoints`, and never SIGUSR1.
+`script_checkpoints`, and never SIGUSR1; node 0's launcher reports their progress (each sync, and
+a heartbeat while the script runs), which such a script cannot do itself.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ from gpujobs_trainer.errors import (
     COMMAND_NOT_EXECUTABLE_EXIT_CODE,
     COMMAND_NOT_FOUND_EXIT_CODE,
     CONFIG_ERROR_EXIT_CODE,
+    CRASH_EXIT_CODE,
     CheckpointError,
     ConfigError,
 )
-from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher
+from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
 from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
@@ -242,6 +245,8 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
     log.info("launching: %s", " ".join(argv))
     proc = subprocess.Popen(argv, env=child_env)
     started.append(proc)
+    if own is not None:
+        own.started()
     if stopped:
         proc.send_signal(signal.SIGTERM)
     while (torchrun_code := _wait(proc, seconds=0.5)) is None:
@@ -270,10 +275,16 @@ def prepare(plan: LaunchPlan, env: Mapping[str, str], workdir: Path) -> ScriptCh
     ConfigError or CheckpointError when the job cannot start as configured."""
     if plan.code_uri:
         code_archive.install(plan.code_uri, plan.code_sha256, workdir)
-    return (
-        None
-        if plan.checkpoint_mode == GPUJOBS
-        else ScriptCheckpoints.open(plan.checkpoint_mode, env, node_rank=plan.node_rank)
+    if plan.checkpoint_mode == GPUJOBS:
+        return None
+    publisher = make_publisher(env.get("GPUJOBS_EVENT_BUS", "").strip()) if plan.node_rank == 0 else None
+    return ScriptCheckpoints.open(
+        plan.checkpoint_mode,
+        env,
+        node_rank=plan.node_rank,
+        job_id=plan.job_id,
+        attempt=plan.attempt,
+        publisher=publisher,
     )
 
 
@@ -326,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
+    except code_archive.CodeFetchUnavailableError as exc:  # S3 was down, not misconfigured: retry the attempt
+        log.error("%s", exc)
+        return CRASH_EXIT_CODE
     problem = unrunnable(plan.command, path=env.get("PATH", os.defpath))
     if problem is not None:
         code, line = problem

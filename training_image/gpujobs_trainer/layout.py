@@ -6,21 +6,26 @@ the DCP shards ``__<rank>_<n>.distcp``, DCP's ``.metadata``, one ``rng-rank-NNNN
 and, written last by rank 0 once every rank has finished, ``COMMIT.json``. A folder without
 ``COMMIT.json`` is a save that was cut short: it is never resumed from.
 
-The marker records the job and attempt that wrote the step and the size and SHA-256 of every file
-in it. A resume trusts a step only when the marker names this job, lists only the file names above
-(no separators, nothing outside the folder, locally or as S3 keys) and every listed file is there
-with its size and digest, and nothing else is: anything else was planted, tampered with or torn.
+The marker records the job and attempt that wrote the step and the size and digest (BLAKE3; SHA-256
+in markers written before) of every file in it, and, when the job has a checkpoint key, is signed
+with it (`signing`). A resume trusts a step only when the marker is signed with this job's key (when
+it has one), names this job, lists only the file names above (no separators, nothing outside the
+folder, locally or as S3 keys) and every listed file is there with its size and digest, and nothing
+else is: anything else was planted, tampered with, torn, or is another job's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpujobs_trainer.digests import ALGORITHMS, DEFAULT_ALGORITHM, is_digest
 from gpujobs_trainer.errors import CheckpointError
+from gpujobs_trainer.signing import checkpoint_signature, signature_problem
 
 COMMIT_FILE = "COMMIT.json"
 DCP_METADATA_FILE = ".metadata"
@@ -29,7 +34,7 @@ REASONS: tuple[Reason, ...] = ("periodic", "preempted", "on-demand", "final")
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
 _RNG_FILE = re.compile(r"rng-rank-\d{5,}\.json")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+SIGNED_KIND = "commit"
 
 
 def step_dir_name(step: int) -> str:
@@ -74,28 +79,47 @@ class CommitMarker:
     reason: Reason
     files: Mapping[str, int]  # file name -> size in bytes
     time: str
-    digests: Mapping[str, str] = field(default_factory=dict)  # file name -> SHA-256, hex
+    digests: Mapping[str, str] = field(default_factory=dict)  # file name -> digest, hex
     position: Mapping[str, int] = field(default_factory=dict)  # data position, e.g. epoch/offset
     job_id: str = ""
     attempt: int = 0
+    digest_algorithm: str = DEFAULT_ALGORITHM
+    """What ``digests`` are: blake3, or sha256 in markers written before BLAKE3."""
+    signature: str = ""
+    """HMAC-SHA256 of `payload` under the job's checkpoint key ("" when written without one)."""
+
+    def payload(self) -> dict[str, Any]:
+        """Everything the marker says but its signature: what is written, and what is signed."""
+        return {
+            "step": self.step,
+            "world_size": self.world_size,
+            "torch_version": self.torch_version,
+            "reason": self.reason,
+            "files": [
+                {"name": n, "size": s, self.digest_algorithm: self.digests.get(n, "")}
+                for n, s in sorted(self.files.items())
+            ],
+            "time": self.time,
+            "position": dict(self.position),
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+        }
+
+    def signed(self, key: bytes) -> CommitMarker:
+        """This marker signed with ``key`` (unchanged without one)."""
+        if not key:
+            return self
+        return dataclasses.replace(self, signature=checkpoint_signature(key, SIGNED_KIND, self.payload()))
+
+    def signature_problem(self, key: bytes) -> str:
+        """Why the marker is not signed with ``key`` ('' when it is, or without a key)."""
+        return signature_problem(key, SIGNED_KIND, {**self.payload(), "signature": self.signature})
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "step": self.step,
-                "world_size": self.world_size,
-                "torch_version": self.torch_version,
-                "reason": self.reason,
-                "files": [
-                    {"name": n, "size": s, "sha256": self.digests.get(n, "")} for n, s in sorted(self.files.items())
-                ],
-                "time": self.time,
-                "position": dict(self.position),
-                "job_id": self.job_id,
-                "attempt": self.attempt,
-            },
-            indent=2,
-        )
+        written = self.payload()
+        if self.signature:
+            written["signature"] = self.signature
+        return json.dumps(written, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> CommitMarker:
@@ -104,7 +128,11 @@ class CommitMarker:
             reason = raw["reason"]
             if reason not in REASONS:
                 raise ValueError(f"unknown reason {reason!r}")
-            entries = [(str(f["name"]), int(f["size"]), str(f.get("sha256", ""))) for f in raw["files"]]
+            algorithms = {a for f in raw["files"] for a in ALGORITHMS if a in f} or {DEFAULT_ALGORITHM}
+            if len(algorithms) > 1:
+                raise ValueError(f"mixes digest algorithms {sorted(algorithms)}")
+            (algorithm,) = algorithms
+            entries = [(str(f["name"]), int(f["size"]), str(f.get(algorithm, ""))) for f in raw["files"]]
             strays = [name for name, _, _ in entries if not is_checkpoint_file(name)]
             if strays:
                 raise ValueError(f"lists files a checkpoint never holds: {', '.join(map(repr, strays))}")
@@ -119,6 +147,8 @@ class CommitMarker:
                 position={str(k): int(v) for k, v in dict(raw.get("position", {})).items()},
                 job_id=str(raw.get("job_id", "")),
                 attempt=int(raw.get("attempt", 0)),
+                digest_algorithm=algorithm,
+                signature=str(raw.get("signature", "")),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{COMMIT_FILE} is malformed: {exc}") from exc
@@ -135,19 +165,23 @@ def size_mismatches(marker: CommitMarker, actual: Mapping[str, int]) -> list[str
     return problems
 
 
-def provenance_problems(marker: CommitMarker, *, step: int, job_id: str) -> list[str]:
+def provenance_problems(marker: CommitMarker, *, step: int, job_id: str, key: bytes = b"") -> list[str]:
     """Why a marker found in folder ``step`` does not vouch for a checkpoint of job ``job_id``
-    (empty list = it does; the files themselves are checked against it separately)."""
+    (empty list = it does; the files themselves are checked against it separately). With the
+    job's checkpoint ``key``, the marker must be signed with it."""
     problems = []
+    unsigned = marker.signature_problem(key)
+    if unsigned:
+        problems.append(f"its commit marker: {unsigned}")
     if marker.job_id != job_id:
         problems.append(f"its commit marker belongs to job {marker.job_id!r}, not {job_id!r}")
     if marker.step != step:
         problems.append(f"its commit marker is for step {marker.step}")
     if DCP_METADATA_FILE not in marker.files:
         problems.append(f"its commit marker does not list {DCP_METADATA_FILE}")
-    unsigned = [n for n in sorted(marker.files) if _SHA256.fullmatch(marker.digests.get(n, "")) is None]
-    if unsigned:
-        problems.append(f"its commit marker records no SHA-256 for {', '.join(unsigned)}")
+    undigested = [n for n in sorted(marker.files) if not is_digest(marker.digests.get(n, ""))]
+    if undigested:
+        problems.append(f"its commit marker records no digest for {', '.join(undigested)}")
     return problems
 
 
@@ -157,9 +191,9 @@ def unlisted_files(marker: CommitMarker, present: Iterable[str]) -> list[str]:
 
 
 def digest_mismatches(marker: CommitMarker, actual: Mapping[str, str]) -> list[str]:
-    """Listed files whose SHA-256 (``actual``: name -> hex digest) differs from the marker's."""
+    """Listed files whose digest (``actual``: name -> hex digest, of the marker's algorithm) differs."""
     return [
-        f"{name} does not match its SHA-256"
+        f"{name} does not match its {marker.digest_algorithm} digest"
         for name in sorted(marker.files)
         if actual.get(name) != marker.digests.get(name)
     ]

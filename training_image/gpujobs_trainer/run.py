@@ -57,6 +57,9 @@ class ResumePoint:
     epoch: int = 0
     offset: int = 0
     checkpoint_uri: str | None = None
+    skipped: tuple[str, ...] = ()
+    """Newer committed steps that were not resumed from, each with why (unsigned, another job's,
+    files that differ from the marker, fails to load)."""
 
 
 class Run:
@@ -89,6 +92,7 @@ class Run:
             keep=config.keep_checkpoints,
             job_id=config.job_id,
             attempt=config.attempt,
+            key=config.checkpoint_key,
             on_commit=self._report_commit if env.is_main else None,
         )
         install_signal_handlers(self.flags)
@@ -130,12 +134,20 @@ class Run:
         self.position = dict(marker.position)
         self.heartbeat.restart_at(marker.step)
         uri = self.checkpoints.store.step_uri(marker.step)
-        log.info("resumed from %s (step %d, saved %s)", uri, marker.step, marker.reason)
+        skipped = tuple(self.checkpoints.skipped)
+        log.info(
+            "resumed from %s (step %d, saved %s)%s",
+            uri,
+            marker.step,
+            marker.reason,
+            f", skipping newer: {'; '.join(skipped)}" if skipped else "",
+        )
         return ResumePoint(
             step=marker.step,
             epoch=marker.position.get("epoch", 0),
             offset=marker.position.get("offset", 0),
             checkpoint_uri=uri,
+            skipped=skipped,
         )
 
     def step_done(self, step: int, *, epoch: int = 0, offset: int = 0) -> bool:
@@ -155,7 +167,9 @@ class Run:
             every_steps=self.config.checkpoint_every_steps,
             save_in_flight=self.checkpoints.save_in_flight,
         )
-        if verdict is Verdict.STOP:
+        if verdict is Verdict.JOIN and self._joined_save_committed(step):
+            return True
+        if verdict in (Verdict.STOP, Verdict.JOIN):
             log.info("stopping at step %d: %s", step, self.flags.preempt_reason or "another rank was told to")
             self.preempted = True
             result = self.checkpoints.save(step=step, reason="preempted", position=self.position, blocking=True)
@@ -241,9 +255,28 @@ class Run:
     def _save(self, reason: Reason) -> None:
         self._last_periodic = time.monotonic()
         blocking = not self.config.async_checkpoints
+        started = self.coordinator.clock()
         with self.busy("checkpoint") if blocking else contextlib.nullcontext():
             self.checkpoints.save(step=self.step, reason=reason, position=self.position, blocking=blocking)
-        self.coordinator.saved()
+        self.coordinator.saved(self.step, started=started)
+
+    def _joined_save_committed(self, step: int) -> bool:
+        """A preemption right after a save started: stop now with that save as the preemption
+        checkpoint, once it is committed (every rank learns the same outcome). False when it failed:
+        the caller saves this step instead."""
+        joined = self.coordinator.last_save_step
+        self.checkpoints.wait()
+        if joined is None or self.checkpoints.last_committed_step != joined:
+            return False
+        log.info(
+            "stopping at step %d: %s; the checkpoint of step %d, started just before, is the preemption checkpoint",
+            step,
+            self.flags.preempt_reason or "another rank was told to",
+            joined,
+        )
+        self.preempted = True
+        self.exit_code = PREEMPTED_EXIT_CODE
+        return True
 
     def _report_commit(self, marker: CommitMarker, uri: str) -> None:
         self.publisher.publish(

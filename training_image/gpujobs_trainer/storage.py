@@ -5,13 +5,12 @@ uploads the files it wrote itself, rank 0 uploads DCP's ``.metadata`` and finall
 so on S3 as on disk the marker appears only after every other object of the step exists.
 
 `fetch` hands a step to DCP only once the local folder holds exactly the files its marker lists,
-each with the recorded size and SHA-256 (`verify_folder`): sizes first (a stat), digests after (a
-read of every byte, ~1 s per GB on one core).
+each with the recorded size and digest (`verify_folder`): sizes first (a stat), digests after (a
+read of every byte; BLAKE3, or SHA-256 for markers written before it).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from gpujobs_trainer.digests import DEFAULT_ALGORITHM, bytes_digest, file_digest
 from gpujobs_trainer.errors import CheckpointError
 from gpujobs_trainer.layout import (
     COMMIT_FILE,
@@ -74,35 +74,30 @@ def local_sizes(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
 
 
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def verify_folder(folder: Path, marker: CommitMarker, *, where: str) -> None:
     """Raise CheckpointError unless ``folder`` holds exactly the files ``marker`` lists (besides
-    COMMIT.json), each with its recorded size and SHA-256."""
+    COMMIT.json), each with its recorded size and digest."""
     present = local_sizes(folder)
     present.pop(COMMIT_FILE, None)
     problems = size_mismatches(marker, present)
     if problems:
         raise CheckpointError(f"checkpoint {where} is incomplete: {'; '.join(problems)}")
     problems = unlisted_files(marker, present) or digest_mismatches(
-        marker, {name: file_sha256(folder / name) for name in marker.files}
+        marker, {name: file_digest(folder / name, marker.digest_algorithm) for name in marker.files}
     )
     if problems:
         raise CheckpointError(f"checkpoint {where} is not what its commit marker records: {'; '.join(problems)}")
 
 
-def write_durably(path: Path, text: str) -> str:
+def write_durably(path: Path, text: str, digest: str = DEFAULT_ALGORITHM) -> str:
     """Write and fsync ``path`` (it is on disk before anything that lists it is committed); return
-    the SHA-256 of what was written."""
+    the digest (BLAKE3 unless told) of what was written."""
     data = text.encode("utf-8")
     with open(path, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    return hashlib.sha256(data).hexdigest()
+    return bytes_digest(data, digest)
 
 
 def fsync_dir(folder: Path) -> None:
@@ -287,7 +282,9 @@ class S3Store:
         for name in set(have) - set(marker.files) - {COMMIT_FILE}:
             (folder / name).unlink()
         for name, size in marker.files.items():
-            cached = have.get(name) == size and file_sha256(folder / name) == marker.digests.get(name)
+            cached = have.get(name) == size and file_digest(
+                folder / name, marker.digest_algorithm
+            ) == marker.digests.get(name)
             if not cached:
                 self._client.download_file(self.bucket, self._key(step, name), str(folder / name))
         verify_folder(folder, marker, where=self.step_uri(step))

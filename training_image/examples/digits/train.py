@@ -146,7 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     start = run.resume()
     if env.is_main:
-        emit({"event": "resumed", "step": start.step, "epoch": start.epoch, "offset": start.offset})
+        emit(
+            {
+                "event": "resumed",
+                "step": start.step,
+                "epoch": start.epoch,
+                "offset": start.offset,
+                "skipped": list(start.skipped),
+            }
+        )
 
     step = train(
         args=args,

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gpujobs.domain.report_auth import report_key
+from gpujobs.domain.report_auth import checkpoint_key, report_key
 
 
 class SecretsClient(Protocol):
@@ -31,3 +31,7 @@ class StackSecretReportKeys:
 
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
         return report_key(self._secret, job_id=job_id, attempt=attempt)
+
+    def checkpoint_key_for(self, *, job_id: str) -> bytes:
+        """The job's checkpoint key (`domain.report_auth.checkpoint_key`), for every attempt's run document."""
+        return checkpoint_key(self._secret, job_id=job_id)

@@ -30,6 +30,13 @@ What it does not stop: a job's own code holds its own attempt's key and can forg
 That harms nobody else (it could as well exit with any code, or simply stop training), and a report
 for another job, or for another attempt of its own job, needs a key it cannot compute.
 
+**Checkpoint keys.** A job's checkpoints (the trainer's commit markers, a synced folder's
+manifests) are signed with `checkpoint_key`: the same derivation under another label, per JOB
+rather than per attempt, so that a replacement verifies what its predecessor committed, and no
+other job (which may write the checkpoint prefix until per-job credentials scope it) can sign a
+checkpoint this job would resume from. It travels like the report key (user data only, the
+container's `GPUJOBS_CHECKPOINT_KEY`); nothing on the control plane verifies it.
+
 The bootstrap (`gpujobs/instance/signing.py`, stdlib only) and the trainer
 (`gpujobs_trainer/signing.py`, another artifact) keep their own copies of the signing half; a test
 signs the same reports with all three and checks that this module verifies them.
@@ -48,6 +55,8 @@ from gpujobs.contract import REPORT_SIGNATURE_SCHEME, REPORT_SIGNED_FIELDS
 
 REPORT_MAX_AGE = timedelta(minutes=65)
 """EventBridge's and Lambda's retry windows (MaximumEventAgeInSeconds: 3600) plus five minutes of skew."""
+CHECKPOINT_KEY_LABEL = "gpujobs-checkpoint-v1"
+"""The label of a job's checkpoint key, apart from every report key's."""
 REPORT_MAX_SKEW = timedelta(minutes=5)
 """How far in the future a signing time may be (an instance's clock running ahead)."""
 
@@ -65,6 +74,11 @@ def report_key(stack_secret: bytes, *, job_id: str, attempt: int) -> bytes:
     """The key of one attempt: only the holder of the stack secret can compute it."""
     label = f"{REPORT_SIGNATURE_SCHEME}|{job_id}|{attempt}".encode()
     return hmac.new(stack_secret, label, hashlib.sha256).digest()
+
+
+def checkpoint_key(stack_secret: bytes, *, job_id: str) -> bytes:
+    """The key a job's checkpoints are signed with: one per job, for all its attempts."""
+    return hmac.new(stack_secret, f"{CHECKPOINT_KEY_LABEL}|{job_id}".encode(), hashlib.sha256).digest()
 
 
 def canonical(detail_type: str, fields: Mapping[str, object], *, signed_at: int) -> bytes:

@@ -52,6 +52,9 @@ class RunDocument(BaseModel):
     report_key: str = Field(default="", repr=False)
     """This attempt's report key, in hex (`domain.report_auth`): the instance signs its reports with it.
     Kept out of reprs; when the document is offloaded, the S3 copy holds "" and the pointer the key."""
+    checkpoint_key: str = Field(default="", repr=False)
+    """The job's checkpoint key, in hex (`domain.report_auth.checkpoint_key`): the trainer signs and
+    verifies the job's checkpoints with it. Travels like `report_key` (never in the S3 copy)."""
     job_role_arn: str = ""
     """The stack's job role: the bootstrap assumes it for this attempt and serves it to the container."""
     session_policy: str = ""
@@ -96,6 +99,8 @@ class RunDocumentPointer(BaseModel):
     """Hex SHA-256 of the exact bytes stored at `run_document_uri`."""
     report_key: str = Field(default="", repr=False)
     """The attempt's report key: in user data only, never in the S3 object."""
+    checkpoint_key: str = Field(default="", repr=False)
+    """The job's checkpoint key: in user data only, never in the S3 object."""
     job_id: str = ""
     attempt: int | None = None
     event_bus: str = ""
@@ -107,12 +112,13 @@ class RunDocumentPointer(BaseModel):
     def for_stored(
         cls, uri: str, body: bytes, *, report_key: str = "", doc: RunDocument | None = None
     ) -> RunDocumentPointer:
-        """The pointer to `body`, stored at `uri`; the report key and, from `doc`, whom to report to
+        """The pointer to `body`, stored at `uri`; the keys and, from `doc`, whom to report to
         travel beside it in user data."""
         return cls(
             run_document_uri=uri,
             run_document_sha256=hashlib.sha256(body).hexdigest(),
             report_key=report_key,
+            checkpoint_key=doc.checkpoint_key if doc else "",
             job_id=doc.job_id if doc else "",
             attempt=doc.attempt if doc else None,
             event_bus=doc.event_bus if doc else "",
@@ -131,6 +137,7 @@ def run_document(
     report_key: str,
     access: dict[str, Any],
     hardware: Mapping[str, InstanceHardware] | None = None,
+    checkpoint_key: str = "",
 ) -> RunDocument:
     """Pure: the run document of `attempt` from the job's spec and the stack's settings.
 
@@ -154,6 +161,7 @@ def run_document(
         region=region,
         wait_for_attempt=wait_for_attempt,
         report_key=report_key,
+        checkpoint_key=checkpoint_key,
         secrets=dict(spec.secrets),
         log_group=log_group,
         outputs_uri=outputs_uri(bucket=bucket, job_id=job.job_id),

@@ -223,9 +223,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         bad = _name_problems(env)
-        bad += [  # docker's --env-file, the only way values reach the container, is read line by line
-            f"{k!r}: a value may not hold a line break" for k, v in env.items() if "\n" in v
-        ]
+        bad += [f"{k!r}: a value may not hold a line break" for k, v in env.items() if "\n" in v]  # --env-file
         bad += [
             f"{k!r} looks like {kind}: pass credentials with the spec's `secrets:` field, never in env"
             for k, v in env.items()
@@ -286,12 +284,10 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _an_s3_archive_is_pinned(self) -> JobSpec:
-        """The launcher runs only the bytes `code_sha256` pins: an s3:// archive without it is refused
-        here, at submit, rather than by every attempt's launcher (exit 78)."""
+        """Refused at submit, not by every attempt's launcher (exit 78), which runs only pinned bytes."""
         if self.code and self.code.startswith("s3://") and self.code_sha256 is None:
             raise ValueError(
                 "code_sha256: required with an s3:// code archive, the launcher runs only the bytes it pins"
-                " (`gpujobs submit` computes it for a folder it packs)"
             )
         return self
 

@@ -39,6 +39,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "stop_timeout_seconds": (int, 120),
     "wait_for_attempt": (int, None),
     "report_key": (str, ""),
+    "checkpoint_key": (str, ""),
     "job_role_arn": (str, ""),
     "session_policy": (str, ""),
     "session_tags": (dict, {}),
@@ -74,7 +75,15 @@ def extract_run_json(raw: bytes) -> dict[str, Any]:
     return data
 
 
-POINTER_FIELDS = ("run_document_uri", "run_document_sha256", "report_key", "job_id", "attempt", "event_bus")
+POINTER_FIELDS = (
+    "run_document_uri",
+    "run_document_sha256",
+    "report_key",
+    "checkpoint_key",
+    "job_id",
+    "attempt",
+    "event_bus",
+)
 """Mirrors `gpujobs.domain.rundoc.RunDocumentPointer`; the first two are required."""
 
 
@@ -123,7 +132,8 @@ def load_document(raw: bytes, s3: Callable[[], Any], partial: dict[str, Any]) ->
         # Whom to report to (and the report key) travel beside the pointer, in user data only: kept
         # first, so that a document refused below is still reported as this attempt's exit.
         partial["raw"] = {k: data[k] for k in ("job_id", "attempt", "event_bus", "report_key") if k in data}
-        data = {**extract_run_json(_fetch_verified(data, s3)), "report_key": data.get("report_key", "")}
+        keys = {name: data.get(name, "") for name in ("report_key", "checkpoint_key")}  # user data's, not S3's
+        data = {**extract_run_json(_fetch_verified(data, s3)), **keys}
     partial["raw"] = data
     return check_document(data)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpujobs.instance.contract import OUTPUT_DIR_ENV, REPORT_KEY_ENV
+from gpujobs.instance.contract import CHECKPOINT_KEY_ENV, OUTPUT_DIR_ENV, REPORT_KEY_ENV
 from gpujobs.instance.hardware import SOCKET_INTERFACE_ENVS
 
 
@@ -51,6 +51,8 @@ def container_env(
     )
     if doc["report_key"]:  # the trainer signs its reports with it (gpujobs.domain.report_auth)
         env[REPORT_KEY_ENV] = doc["report_key"]
+    if doc.get("checkpoint_key"):  # ... and the job's checkpoints with this one
+        env[CHECKPOINT_KEY_ENV] = doc["checkpoint_key"]
     if doc["code_uri"]:  # the launcher unpacks it before the command starts
         env.update(GPUJOBS_CODE_URI=doc["code_uri"], GPUJOBS_CODE_SHA256=doc["code_sha256"])
     if doc["resume_from_step"] is not None:

@@ -170,6 +170,7 @@ class Launcher:
             log_group=self.config.job_log_group,
             wait_for_attempt=_attempt_being_reclaimed(job, attempt),
             report_key=self.ports.report_keys.key_for(job_id=job.job_id, attempt=attempt.number).hex(),
+            checkpoint_key=self.ports.report_keys.checkpoint_key_for(job_id=job.job_id).hex(),
             access=self._job_access(job, attempt),
             hardware=self.config.hardware,
         )
@@ -177,7 +178,7 @@ class Launcher:
             return self.ports.render_user_data(doc)
         except UserDataTooLargeError:  # the document goes to S3, user data points at it
             key = f"jobs/{job.job_id}/attempt-{attempt.number}/run.json"
-            body = doc.model_dump_json(exclude={"report_key"})
+            body = doc.model_dump_json(exclude={"report_key", "checkpoint_key"})
             uri = self.ports.blobs.put_text(key, body)
             return self.ports.render_user_data(
                 RunDocumentPointer.for_stored(uri, body.encode(), report_key=doc.report_key, doc=doc)

@@ -258,6 +258,9 @@ class ReportKeys(Protocol):
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
         """The attempt's report key (`domain.report_auth.report_key` under the stack's secret)."""
 
+    def checkpoint_key_for(self, *, job_id: str) -> bytes:
+        """The job's checkpoint key (`domain.report_auth.checkpoint_key` under the stack's secret)."""
+
 
 # ---- events, blobs, clock -------------------------------------------------------------------
 
