@@ -23,8 +23,10 @@ ACCOUNT_ARN = "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}"
 
 
 def _statements_of_policy(logical_id: str) -> list[dict[str, Any]]:
+    """The policy's statements; one behind a condition (`Fn::If` with `AWS::NoValue`) as if it held."""
     found = properties(logical_id)["PolicyDocument"]["Statement"]
-    return [found] if isinstance(found, dict) else list(found)
+    statements = [found] if isinstance(found, dict) else list(found)
+    return [s["Fn::If"][1] if "Fn::If" in s else s for s in statements]
 
 
 def _statements_of_function(logical_id: str) -> list[dict[str, Any]]:
@@ -70,8 +72,12 @@ def test_volumes_are_created_only_encrypted_and_tagged() -> None:
     assert condition["StringEquals"]["aws:RequestTag/gpujobs:stack"] == {"Ref": "AWS::StackName"}
 
 
-def test_network_interfaces_never_get_a_public_ip() -> None:
-    assert _run_instances_on("network-interface")["Condition"] == {"Bool": {"ec2:AssociatePublicIpAddress": "false"}}
+def test_network_interfaces_never_get_a_public_ip_and_a_gang_of_several_may_omit_the_key() -> None:
+    """Several interfaces (EFA) cannot carry AssociatePublicIpAddress at all, so the key is absent and
+    a plain Bool refused every multi-node EFA launch; IfExists admits it and still refuses "true"."""
+    assert _run_instances_on("network-interface")["Condition"] == {
+        "BoolIfExists": {"ec2:AssociatePublicIpAddress": "false"}
+    }
 
 
 def test_images_launch_only_from_the_allowed_owners() -> None:
