@@ -38,6 +38,7 @@ import tempfile
 import threading
 from typing import IO, Any
 
+from gpujobs.instance import aws
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_agent import cloudwatch_agent_installed, start_cloudwatch_agent
 from gpujobs.instance.cloudwatch_logs import LogShipper, pump
@@ -225,7 +226,11 @@ class DockerRuntime(Runtime):
         image = doc["image"]
         ecr = _ECR_IMAGE.match(image)
         if ecr:
-            auth = clients("ecr").get_authorization_token(registryIds=[ecr.group(1)])["authorizationData"][0]
+            # A registry's token comes from the registry's own region (the Deep Learning Containers'
+            # account 763104351884 has one per region): ask there, not where the job runs.
+            registry_region = ecr.group(2)
+            ecr_client = clients("ecr") if registry_region == doc["region"] else aws.client("ecr", registry_region)
+            auth = ecr_client.get_authorization_token(registryIds=[ecr.group(1)])["authorizationData"][0]
             password = base64.b64decode(auth["authorizationToken"]).decode().partition(":")[2]
             self._docker("login", "--username", "AWS", "--password-stdin", ecr.group(0), stdin=password)
         self._docker("pull", image)
