@@ -246,8 +246,8 @@ def _resolve(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> An
 
 def _resolve_or_drop(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> Any:
     if isinstance(value, list):
-        items = [_resolve_or_drop(v, refs, attributes) for v in value]
-        return [i for i in items if i is not _NO_VALUE]
+        listed = [_resolve_or_drop(v, refs, attributes) for v in value]
+        return [i for i in listed if i is not _NO_VALUE]
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
@@ -258,8 +258,8 @@ def _resolve_or_drop(value: Any, refs: dict[str, Any], attributes: dict[str, Any
             name, when_true, when_false = arg
             return _resolve_or_drop(when_true if condition_value(name, refs) else when_false, refs, attributes)
         if key == "Fn::Join":
-            separator, items = arg
-            resolved = _resolve(items, refs, attributes)
+            separator, joined = arg
+            resolved = _resolve(joined, refs, attributes)
             if isinstance(resolved, str):  # a CommaDelimitedList parameter's default, as written
                 resolved = resolved.split(",")
             return separator.join(str(i) for i in resolved)
@@ -283,8 +283,8 @@ def _resolve_or_drop(value: Any, refs: dict[str, Any], attributes: dict[str, Any
             return _SUB_VARIABLE.sub(substitute, arg).replace("${!", "${")  # ${!x} is CloudFormation's literal ${x}
         if key.startswith("Fn::") or key == "Condition":
             raise TemplateError(f"cannot resolve {key} in {value!r}")
-    items = {k: _resolve_or_drop(v, refs, attributes) for k, v in value.items()}
-    return {k: v for k, v in items.items() if v is not _NO_VALUE}
+    fields = {k: _resolve_or_drop(v, refs, attributes) for k, v in value.items()}
+    return {k: v for k, v in fields.items() if v is not _NO_VALUE}
 
 
 def launch_template_data(

@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from gpujobs_local.template import TEMPLATE_PATH
@@ -133,14 +134,15 @@ class Binding(dict[str, str]):
 
 
 @cache
-def rendered(parameters_json: str = "{}") -> dict[str, Any]:
-    """template.yaml through SAM's translator (artifacts named as `sam package` would upload them)."""
+def rendered(parameters_json: str = "{}", template_path: str = str(TEMPLATE_PATH)) -> dict[str, Any]:
+    """A template (template.yaml unless told) through SAM's translator (artifacts named as `sam
+    package` would upload them; AWS::LanguageExtensions only touches the log group's DeletionPolicy)."""
     import boto3
     from samtranslator.parser.parser import Parser
     from samtranslator.translator.translator import Translator
     from samtranslator.yaml_helper import yaml_parse
 
-    template = yaml_parse(TEMPLATE_PATH.read_text(encoding="utf-8"))
+    template = yaml_parse(Path(template_path).read_text(encoding="utf-8"))
     template["Transform"] = [t for t in _as_list(template.get("Transform")) if t != "AWS::LanguageExtensions"]
     template["Transform"] = template["Transform"][0] if len(template["Transform"]) == 1 else template["Transform"]
     for res in template["Resources"].values():

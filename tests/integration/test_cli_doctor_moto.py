@@ -169,12 +169,12 @@ class ThreeAnswers:
                 "AccountLimit": {"ConcurrentExecutions": total, "UnreservedConcurrentExecutions": total}
             }
         if service == "service-quotas":
-            real.get_service_quota = lambda ServiceCode, QuotaCode: {"Quota": {"Value": self.quotas[QuotaCode]}}
+            real.get_service_quota = lambda **kw: {"Quota": {"Value": self.quotas[kw["QuotaCode"]]}}
         if service == "ec2":
             real.get_ebs_default_kms_key_id = lambda: {"KmsKeyId": "arn:aws:kms:us-east-1:123456789012:key/default"}
         if service == "kms":
             arn = "arn:aws:kms:us-east-1:123456789012:key/default"
-            real.describe_key = lambda KeyId: {"KeyMetadata": {"Arn": arn, "KeyManager": self.manager}}
+            real.describe_key = lambda **_: {"KeyMetadata": {"Arn": arn, "KeyManager": self.manager}}
         return real
 
 
