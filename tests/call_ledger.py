@@ -4,8 +4,8 @@ and, when the run ends, checked against the rendered template's IAM (tests/iam).
 Parallel runs (pytest-xdist): the controller picks one folder before its workers start and each
 process writes its own `ledger-<worker>.jsonl` there when its session ends; the controller, whose
 session ends after every worker's, reads them all and checks the whole run. A run without xdist is
-its own controller. `GPUJOBS_CALL_LEDGER_DIR` names the folder (default: a fresh one under
-pytest's cache dir, `call-ledger/`); `--no-call-ledger-check` records without judging.
+its own controller. `GPUJOBS_CALL_LEDGER_DIR` names the folder (default: pytest's cache dir,
+`call-ledger/`, emptied when a run starts); `--no-call-ledger-check` records without judging.
 
 A call IAM would refuse fails the run, naming the test, the principal, the action, the resource and
 the statement it lacks. tests/integration/test_every_call_is_allowed.py runs the flows that matter
@@ -41,8 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
     install()
     if _worker(config) is None and not os.environ.get(LEDGER_DIR_ENV):
         cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
-        base = Path(str(cache.mkdir("call-ledger"))) if cache is not None else Path(tempfile.gettempdir())
-        os.environ[LEDGER_DIR_ENV] = tempfile.mkdtemp(prefix="run-", dir=base)  # workers inherit it
+        if cache is not None:
+            folder = Path(str(cache.mkdir("call-ledger")))
+            for old in folder.glob("ledger-*.jsonl"):  # the previous run's
+                old.unlink()
+        else:
+            folder = Path(tempfile.mkdtemp(prefix="gpujobs-call-ledger-"))
+        os.environ[LEDGER_DIR_ENV] = str(folder)  # workers inherit it
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -21,12 +21,24 @@ def _ec2(region: str) -> Any:
 
 
 def _tags(region: str, resource_ids: list[str]) -> dict[str, dict[str, str]]:
+    """Tags per resource id; an id moto does not hold (the call fails there anyway) is left out."""
     if not resource_ids:
         return {}
-    found: dict[str, dict[str, str]] = {rid: {} for rid in resource_ids}
-    for tag in _ec2(region).describe_tags(filters={"resource-id": resource_ids}):
-        found.setdefault(tag["resource_id"], {})[tag["key"]] = tag["value"]
+    backend = _ec2(region)
+    known = [r for r in resource_ids if _exists(backend, r)]
+    found: dict[str, dict[str, str]] = {rid: {} for rid in known}
+    if known:
+        for tag in backend.describe_tags(filters={"resource-id": known}):
+            found.setdefault(tag["resource_id"], {})[tag["key"]] = tag["value"]
     return found
+
+
+def _exists(backend: Any, resource_id: str) -> bool:
+    if resource_id.startswith("i-"):
+        return backend.get_instance_by_id(resource_id) is not None
+    if resource_id.startswith("sg-"):
+        return backend.get_security_group_from_id(resource_id) is not None
+    return True
 
 
 def _interface_groups(params: dict[str, Any]) -> list[str]:

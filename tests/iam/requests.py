@@ -162,12 +162,15 @@ def requests_for(call: Any, context: Context) -> list[Request]:
 
 # ---------------------------------------------------------------------------------------- EC2
 def _on_instances(action: str) -> Builder:
+    """Each instance the request names; one moto does not hold fails there whatever IAM says: not judged."""
+
     def build(params: dict[str, Any], facts: dict[str, Any], region: str, _: Context) -> list[Request]:
         tags = facts.get("tags", {})
         return [
             Request(action, _arn(action, ":instance/", region, iid), ctx, _modelled(ctx, "aws:resourcetag/*"))
             for iid in params.get("InstanceIds", [])
-            for ctx in [_resource_tags(tags.get(iid, {}))]
+            if iid in tags
+            for ctx in [_resource_tags(tags[iid])]
         ]
 
     return build
@@ -181,7 +184,9 @@ builds("ec2", "StopInstances")(_on_instances("ec2:StopInstances"))
 def _on_group(params: dict[str, Any], facts: dict[str, Any], region: str, _: Context) -> list[Request]:
     action = "ec2:AuthorizeSecurityGroupIngress" if "IpPermissions" in params else "ec2:DeleteSecurityGroup"
     group = params["GroupId"]
-    ctx = _resource_tags(facts.get("tags", {}).get(group, {}))
+    if group not in facts.get("tags", {}):
+        return []  # moto holds no such group: the call fails there whatever IAM says
+    ctx = _resource_tags(facts["tags"][group])
     return [Request(action, _arn(action, ":security-group/", region, group), ctx, _modelled(ctx, "aws:resourcetag/*"))]
 
 
@@ -337,8 +342,8 @@ def _send_command(params: dict[str, Any], facts: dict[str, Any], region: str, _:
         else f"arn:aws:ssm:{region}:{'' if name.startswith('AWS-') else ACCOUNT}:document/{name}"
     )
     found = [Request(action, document)]
-    for iid in params.get("InstanceIds", []):
-        ctx = _resource_tags(facts.get("tags", {}).get(iid, {}), "ssm:resourcetag/")
+    for iid in [i for i in params.get("InstanceIds", []) if i in facts.get("tags", {})]:
+        ctx = _resource_tags(facts["tags"][iid], "ssm:resourcetag/")
         found.append(
             Request(action, f"arn:aws:ec2:{region}:{ACCOUNT}:instance/{iid}", ctx, _modelled(ctx, "ssm:resourcetag/*"))
         )
