@@ -142,6 +142,12 @@ def test_root_volumes_use_the_key_parameter_and_only_launchers_get_grants_on_it(
 
     assert parameter["Default"] == ""
     assert re.fullmatch(parameter["AllowedPattern"], key)
+    assert re.fullmatch(
+        parameter["AllowedPattern"], "arn:aws:kms:us-east-1:123456789012:key/mrk-0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+    )
+    assert not re.fullmatch(
+        parameter["AllowedPattern"], "arn:aws:kms:us-east-1:123456789012:alias/ebs"
+    )  # IAM needs the key
     for principal in ("SubmitFunction", "SpotFunction", "ReconcilerFunction"):
         statements = principal_policies(principal, {}, {"EbsKmsKeyArn": key})
         assert evaluate(statements, Request("kms:CreateGrant", key, grant, keys)).allowed
