@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from moto import mock_aws
 
@@ -143,7 +144,8 @@ def _pull_an_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     docker.write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.read()\n")
     docker.chmod(0o755)
     doc = {"image": DLC_IMAGE, "region": REGION, "gpus_per_node": 0}
-    runtimes.DockerRuntime(str(docker)).prepare(doc, lambda service: None)
+    job_region = boto3.client("ecr", region_name=REGION)  # the bootstrap's clients; the image is another region's
+    runtimes.DockerRuntime(str(docker)).prepare(doc, lambda service: job_region)
 
 
 @pytest.fixture(scope="module")

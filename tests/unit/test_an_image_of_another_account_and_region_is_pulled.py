@@ -11,6 +11,7 @@ import base64
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,8 +26,11 @@ TOKEN = base64.b64encode(b"AWS:registry-password").decode()
 
 
 class FakeEcr:
+    """An ECR client of one region (`meta.region_name`, as boto3's), recording what it is asked."""
+
     def __init__(self, region: str, asked: list[tuple[str, dict[str, Any]]]) -> None:
         self.region, self.asked = region, asked
+        self.meta = SimpleNamespace(region_name=region)
 
     def get_authorization_token(self, **kwargs: Any) -> dict[str, Any]:
         self.asked.append((self.region, kwargs))
@@ -39,7 +43,7 @@ def _prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image: str) -> tup
     docker.chmod(0o755)
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "calls.jsonl"))
     asked: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(aws, "client", lambda service, region, **_: FakeEcr(region, asked))
+    monkeypatch.setattr(aws, "client", lambda service, region, **_: FakeEcr(f"{region} (a new client)", asked))
     doc = rundoc.check_document(
         {
             "job_id": "j-0123456789abcdef",
@@ -53,7 +57,7 @@ def _prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image: str) -> tup
         }
     )
     runtime = runtimes.DockerRuntime(str(docker))
-    runtime.prepare(doc, lambda service: FakeEcr("us-east-1 (the job's)", asked))
+    runtime.prepare(doc, lambda service: FakeEcr("us-east-1", asked))  # the bootstrap's clients: the job's region
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     return asked, calls
 
@@ -65,7 +69,7 @@ def test_a_deep_learning_container_of_another_region_is_pulled_with_that_regions
 
     asked, (login, pull) = _prepare(tmp_path, monkeypatch, image)
 
-    assert asked == [("us-west-2", {"registryIds": ["763104351884"]})]
+    assert asked == [("us-west-2 (a new client)", {"registryIds": ["763104351884"]})]
     assert login["argv"] == [
         "login",
         "--username",
@@ -82,7 +86,7 @@ def test_an_image_of_the_jobs_own_region_still_uses_the_bootstraps_clients(
 ) -> None:
     asked, (login, _) = _prepare(tmp_path, monkeypatch, "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1")
 
-    assert asked == [("us-east-1 (the job's)", {"registryIds": ["123456789012"]})]
+    assert asked == [("us-east-1", {"registryIds": ["123456789012"]})]
     assert login["argv"][-1] == "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 
 

@@ -229,7 +229,9 @@ class DockerRuntime(Runtime):
             # A registry's token comes from the registry's own region (the Deep Learning Containers'
             # account 763104351884 has one per region): ask there, not where the job runs.
             registry_region = ecr.group(2)
-            ecr_client = clients("ecr") if registry_region == doc["region"] else aws.client("ecr", registry_region)
+            ecr_client = clients("ecr")
+            if getattr(getattr(ecr_client, "meta", None), "region_name", registry_region) != registry_region:
+                ecr_client = aws.client("ecr", registry_region)
             auth = ecr_client.get_authorization_token(registryIds=[ecr.group(1)])["authorizationData"][0]
             password = base64.b64decode(auth["authorizationToken"]).decode().partition(":")[2]
             self._docker("login", "--username", "AWS", "--password-stdin", ecr.group(0), stdin=password)
