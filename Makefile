@@ -6,7 +6,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test lint typecheck template unit bench soak clean
+# `make build` is `sam build` as a deploy runs it: the SAM CLI pinned here, in its own virtual
+# environment (its dependencies are not the project's), with python3.12 (the functions' runtime) on
+# PATH, from pyenv when there is one. tests/integration/test_sam_build.py checks what it built.
+SAM_CLI_VERSION := 1.170.0
+SAM_VENV ?= .venv-sam
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12.*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
+
+.PHONY: setup demo test lint typecheck template build unit bench soak clean
 
 setup: $(VENV)/.installed
 
@@ -35,11 +42,20 @@ typecheck: setup
 template: setup
 	.ci/check-template $(VENV)
 
+$(SAM_VENV)/.installed:
+	@test -n "$(PYTHON312)" || { echo "make build: no python3.12 (~/.pyenv/versions/3.12.* or on PATH)" >&2; exit 1; }
+	$(PYTHON312) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install --quiet aws-sam-cli==$(SAM_CLI_VERSION)
+	touch $@
+
+build: $(SAM_VENV)/.installed
+	PATH="$(dir $(PYTHON312)):$$PATH" SAM_CLI_TELEMETRY=0 $(SAM_VENV)/bin/sam build --template template.yaml --build-dir .aws-sam/build
+
 unit: setup
 	$(BIN)/python -m pytest -m "not integration and not training"
 
-test: lint typecheck template
-	$(BIN)/python -m pytest
+test: lint typecheck template build
+	GPUJOBS_REQUIRE_SAM_BUILD=1 $(BIN)/python -m pytest
 
 bench: setup
 	$(BIN)/python bench/control_plane_bench.py
@@ -52,4 +68,4 @@ soak: setup
 		tests/service/test_any_order_of_events.py tests/service/test_thirty_days.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache

@@ -18,6 +18,8 @@ from tests.ami_pythons import AMI_PYTHONS, MissingPythonError, ami_python
 
 __all__ = ["load_function"]
 
+pytest_plugins = ["tests.call_ledger"]  # every AWS call a stack principal makes, checked against the template
+
 # Powertools' logger and metrics are created once, when `gpujobs.runtime.observability` is first
 # imported, and read their service and namespace from the environment then: a test module that
 # imports it at collection (for a metric's name) must not leave them unset for every later test.

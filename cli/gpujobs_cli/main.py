@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, commands
+from gpujobs_cli import artifacts, commands, doctor
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -39,6 +39,7 @@ examples:
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
   gpujobs dashboard
+  gpujobs doctor
 
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
 or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
@@ -125,6 +126,16 @@ _COMMANDS = {
         "and budget stops, estimated cost per team, dead-letter depth, function errors). The\n"
         "name comes from the stack output DashboardName, or GPUJOBS_DASHBOARD.",
         'examples:\n  gpujobs dashboard\n  open "$(gpujobs dashboard)"\n  gpujobs dashboard --json | jq -r .url',
+    ),
+    "doctor": (
+        "check the account a stack is deployed in",
+        "Check the deployed stack's account against docs/deploy.md's checklist: Lambda concurrency,\n"
+        "EC2 vCPU quotas (on-demand and spot) for the allowed types, the EBS default key against the\n"
+        "stack's EbsKmsKeyArn, NAT routes or VPC endpoints of the subnets, the spot service-linked\n"
+        "role, the alarm topic's subscribers. Each line is ok, warn, FAIL or unknown (a call refused or\n"
+        "not available, named). Exits 1 when any check fails.",
+        "examples:\n  gpujobs doctor\n  gpujobs doctor --stack gpujobs-staging --region eu-west-1\n"
+        "  gpujobs doctor --json | jq '.[] | select(.status != \"ok\")'",
     ),
     "schema": (
         "print the job spec's JSON Schema",
@@ -219,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
     made["list"].add_argument("--team", metavar="T", help="only team T's jobs")
-    for name in ("validate", "submit", "status", "list", "cancel", "logs", "dashboard"):
+    for name in ("validate", "submit", "status", "list", "cancel", "logs", "dashboard", "doctor"):
         made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
     handlers = {
         "validate": commands.cmd_validate,
@@ -232,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "logs": commands.cmd_logs,
         "artifacts": artifacts.cmd_artifacts,
         "download": artifacts.cmd_download,
+        "doctor": doctor.cmd_doctor,
     }
     for name, handler in handlers.items():
         made[name].set_defaults(handler=handler)

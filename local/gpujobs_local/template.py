@@ -209,13 +209,60 @@ def queue_attributes(logical_id: str = "JobsQueue", *, dead_letter_arn: str | No
 _SUB_VARIABLE = re.compile(r"\$\{([^}!]+)\}")
 
 
+_NO_VALUE = object()
+"""What `Ref: AWS::NoValue` resolves to: the key or item holding it is dropped, as CloudFormation does."""
+
+
+def condition_value(name: str, refs: dict[str, Any]) -> bool:
+    """A condition of the template's `Conditions`, with parameter values from `refs`."""
+    conditions = load_template().get("Conditions", {})
+    if name not in conditions:
+        raise TemplateError(f"template.yaml has no condition {name!r}")
+    return _condition(conditions[name], refs)
+
+
+def _condition(expression: Any, refs: dict[str, Any]) -> bool:
+    ((key, arg),) = expression.items()
+    if key == "Condition":
+        return condition_value(arg, refs)
+    if key == "Fn::Not":
+        return not _condition(arg[0], refs)
+    if key == "Fn::And":
+        return all(_condition(a, refs) for a in arg)
+    if key == "Fn::Or":
+        return any(_condition(a, refs) for a in arg)
+    if key == "Fn::Equals":
+        left, right = (_resolve(a, refs, {}) for a in arg)
+        return str(left) == str(right)
+    raise TemplateError(f"cannot evaluate condition {expression!r}")
+
+
 def _resolve(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> Any:
+    resolved = _resolve_or_drop(value, refs, attributes)
+    if resolved is _NO_VALUE:
+        raise TemplateError(f"{value!r} resolves to AWS::NoValue")
+    return resolved
+
+
+def _resolve_or_drop(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> Any:
     if isinstance(value, list):
-        return [_resolve(v, refs, attributes) for v in value]
+        listed = [_resolve_or_drop(v, refs, attributes) for v in value]
+        return [i for i in listed if i is not _NO_VALUE]
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
         ((key, arg),) = value.items()
+        if key == "Ref" and arg == "AWS::NoValue":
+            return _NO_VALUE
+        if key == "Fn::If":
+            name, when_true, when_false = arg
+            return _resolve_or_drop(when_true if condition_value(name, refs) else when_false, refs, attributes)
+        if key == "Fn::Join":
+            separator, joined = arg
+            resolved = _resolve(joined, refs, attributes)
+            if isinstance(resolved, str):  # a CommaDelimitedList parameter's default, as written
+                resolved = resolved.split(",")
+            return separator.join(str(i) for i in resolved)
         if key == "Ref":
             if arg not in refs:
                 raise TemplateError(f"no test value for Ref {arg!r}")
@@ -236,7 +283,8 @@ def _resolve(value: Any, refs: dict[str, Any], attributes: dict[str, Any]) -> An
             return _SUB_VARIABLE.sub(substitute, arg).replace("${!", "${")  # ${!x} is CloudFormation's literal ${x}
         if key.startswith("Fn::") or key == "Condition":
             raise TemplateError(f"cannot resolve {key} in {value!r}")
-    return {k: _resolve(v, refs, attributes) for k, v in value.items()}
+    fields = {k: _resolve_or_drop(v, refs, attributes) for k, v in value.items()}
+    return {k: v for k, v in fields.items() if v is not _NO_VALUE}
 
 
 def launch_template_data(

@@ -95,8 +95,10 @@ def _walk(value: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _managed_policy_statements(logical_id: str) -> list[dict[str, Any]]:
+    """The policy's statements; one behind a condition (`Fn::If` with `AWS::NoValue`) as if it held."""
     found = properties(logical_id)["PolicyDocument"]["Statement"]
-    return [found] if isinstance(found, dict) else list(found)
+    statements = [found] if isinstance(found, dict) else list(found)
+    return [s["Fn::If"][1] if "Fn::If" in s else s for s in statements]
 
 
 def _managed_policies_of(function: str) -> list[str]:
@@ -169,6 +171,7 @@ def test_root_volume_is_encrypted_gp3_and_goes_away_with_the_instance() -> None:
         "Iops": {"Ref": "RootVolumeIops"},
         "Throughput": {"Ref": "RootVolumeThroughputMiBps"},
         "Encrypted": True,
+        "KmsKeyId": {"Fn::If": ["HasEbsKmsKey", {"Ref": "EbsKmsKeyArn"}, {"Ref": "AWS::NoValue"}]},
         "DeleteOnTermination": True,
     }
     assert data["InstanceInitiatedShutdownBehavior"] == "terminate"
@@ -191,14 +194,23 @@ def test_instances_get_no_ssh_key_and_no_public_ip_anywhere_in_the_stack() -> No
     assert "NetworkInterfaces" not in properties("InstanceLaunchTemplate")["LaunchTemplateData"]
 
 
-def test_launch_template_tags_instances_and_volumes_with_the_stack() -> None:
-    specs = properties("InstanceLaunchTemplate")["LaunchTemplateData"]["TagSpecifications"]
+def test_launch_template_tags_everything_a_launch_creates_with_the_stack() -> None:
+    """Instances, volumes, network interfaces and spot requests: each is billed, so each carries the
+    stack's cost-allocation tag; the template itself too."""
+    props = properties("InstanceLaunchTemplate")
+    specs = props["LaunchTemplateData"]["TagSpecifications"]
 
     tagged = {s["ResourceType"]: {t["Key"]: t["Value"] for t in s["Tags"]} for s in specs}
+    stack_tag = {"gpujobs:stack": {"Ref": "AWS::StackName"}}
     assert tagged == {
-        "instance": {"gpujobs:stack": {"Ref": "AWS::StackName"}},
-        "volume": {"gpujobs:stack": {"Ref": "AWS::StackName"}},
+        "instance": stack_tag,
+        "volume": stack_tag,
+        "network-interface": stack_tag,
+        "spot-instances-request": stack_tag,
     }
+    assert props["TagSpecifications"] == [
+        {"ResourceType": "launch-template", "Tags": [{"Key": "gpujobs:stack", "Value": {"Ref": "AWS::StackName"}}]}
+    ]
 
 
 def test_image_is_resolved_from_an_ssm_parameter_at_launch() -> None:
@@ -318,7 +330,7 @@ def test_a_job_record_refused_for_its_size_raises_an_alarm_on_the_metric_the_han
     assert alarm["Dimensions"] == [{"Name": "service", "Value": globals_env["POWERTOOLS_SERVICE_NAME"]}]
     assert (alarm["Statistic"], alarm["Threshold"], alarm["ComparisonOperator"]) == ("Sum", 0, "GreaterThanThreshold")
     assert alarm["TreatMissingData"] == "notBreaching"
-    assert alarm["AlarmActions"] == {"Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+    assert alarm["AlarmActions"] == [{"Fn::If": ["HasAlarmTopic", {"Ref": "AlarmTopicArn"}, {"Ref": "AlarmTopic"}]}]
 
 
 def test_a_message_failing_5_times_lands_in_an_encrypted_dlq_that_raises_an_alarm() -> None:
@@ -362,22 +374,26 @@ def test_checkpoint_bucket_is_private_encrypted_and_tls_only() -> None:
 
 
 def test_checkpoints_under_jobs_expire_after_the_retention_parameter() -> None:
-    (rule,) = [r for r in properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"] if r["Prefix"] == "jobs/"]
+    (rule,) = [r for r in properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"] if "ExpirationInDays" in r]
 
     assert rule["Status"] == "Enabled"
-    assert rule["Prefix"] == "jobs/"
+    assert rule["Prefix"] == "jobs/"  # only there: outputs/ and bootstrap/ are kept until deleted
     assert rule["ExpirationInDays"] == {"Ref": "CheckpointRetentionDays"}
-    assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] == {"Ref": "CheckpointRetentionDays"}
+    assert parameter_default("CheckpointRetentionDays") == 30  # not shortened (issue 19: active jobs' blobs)
 
 
-def test_job_outputs_are_kept_and_only_uploads_cut_short_are_cleaned_up() -> None:
+def test_replaced_versions_go_after_a_day_everywhere_and_so_do_uploads_cut_short() -> None:
+    """A rotated checkpoint is a noncurrent version: kept 30 days, a 7B job's came to ~$3.7k a month."""
     rules = properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"]
-    (outputs,) = [r for r in rules if r["Prefix"].startswith("outputs")]
+    (everywhere,) = [r for r in rules if "Prefix" not in r and "Filter" not in r]
+    parameter = load_template()["Parameters"]["NoncurrentVersionRetentionDays"]
 
-    assert not any("outputs/".startswith(r["Prefix"]) for r in rules if "ExpirationInDays" in r)
-    assert "ExpirationInDays" not in outputs
-    assert outputs["Status"] == "Enabled"
-    assert outputs["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 7}
+    assert everywhere["Status"] == "Enabled"
+    assert everywhere["NoncurrentVersionExpiration"] == {"NoncurrentDays": {"Ref": "NoncurrentVersionRetentionDays"}}
+    assert (parameter["Default"], parameter["MinValue"]) == (1, 1)
+    assert everywhere["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
+    assert everywhere["ExpiredObjectDeleteMarker"] is True
+    assert not [r for r in rules if "NoncurrentVersionExpiration" in r and r is not everywhere]
 
 
 def test_outputs_include_everything_the_cli_reads() -> None:
@@ -490,9 +506,36 @@ def test_the_reconciler_runs_every_minute_one_at_a_time_and_drops_stale_ticks() 
 
     assert tick["Schedule"] == "rate(1 minute)"
     assert props["Timeout"] == 120
-    assert props["ReservedConcurrentExecutions"] == 1
     assert props["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
     assert props["EventInvokeConfig"]["MaximumEventAgeInSeconds"] <= 3 * 60
+
+
+def test_the_stack_reserves_no_concurrency_unless_asked_so_a_new_account_with_a_quota_of_10_can_deploy() -> None:
+    """A reservation must leave 100 unreserved: on a 10-concurrency account any reservation fails the
+    deploy (aws-round3.md section 4a), so the reconciler's is a parameter that defaults to none."""
+    parameter = load_template()["Parameters"]["ReconcilerReservedConcurrency"]
+    reserved = {
+        logical_id: function_properties(logical_id)["ReservedConcurrentExecutions"]
+        for logical_id in resources_of_type("AWS::Serverless::Function")
+        if "ReservedConcurrentExecutions" in function_properties(logical_id)
+    }
+
+    assert parameter["Default"] == ""
+    assert reserved == {
+        "ReconcilerFunction": {
+            "Fn::If": [
+                "ReservesReconcilerConcurrency",
+                {"Ref": "ReconcilerReservedConcurrency"},
+                {"Ref": "AWS::NoValue"},
+            ]
+        }
+    }
+    assert load_template()["Conditions"]["ReservesReconcilerConcurrency"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "ReconcilerReservedConcurrency"}, ""]}]
+    }
+    assert re.fullmatch(parameter["AllowedPattern"], "")
+    assert re.fullmatch(parameter["AllowedPattern"], "1")
+    assert not re.fullmatch(parameter["AllowedPattern"], "0")  # 0 would throttle every tick
 
 
 def test_every_eventbridge_rule_retries_for_an_hour_then_dead_letters_to_one_encrypted_queue() -> None:

@@ -23,8 +23,10 @@ ACCOUNT_ARN = "arn:${AWS::Partition}:ec2:${AWS::Region}:${AWS::AccountId}"
 
 
 def _statements_of_policy(logical_id: str) -> list[dict[str, Any]]:
+    """The policy's statements; one behind a condition (`Fn::If` with `AWS::NoValue`) as if it held."""
     found = properties(logical_id)["PolicyDocument"]["Statement"]
-    return [found] if isinstance(found, dict) else list(found)
+    statements = [found] if isinstance(found, dict) else list(found)
+    return [s["Fn::If"][1] if "Fn::If" in s else s for s in statements]
 
 
 def _statements_of_function(logical_id: str) -> list[dict[str, Any]]:
@@ -70,8 +72,12 @@ def test_volumes_are_created_only_encrypted_and_tagged() -> None:
     assert condition["StringEquals"]["aws:RequestTag/gpujobs:stack"] == {"Ref": "AWS::StackName"}
 
 
-def test_network_interfaces_never_get_a_public_ip() -> None:
-    assert _run_instances_on("network-interface")["Condition"] == {"Bool": {"ec2:AssociatePublicIpAddress": "false"}}
+def test_network_interfaces_never_get_a_public_ip_and_a_gang_of_several_may_omit_the_key() -> None:
+    """Several interfaces (EFA) cannot carry AssociatePublicIpAddress at all, so the key is absent and
+    a plain Bool refused every multi-node EFA launch; IfExists admits it and still refuses "true"."""
+    assert _run_instances_on("network-interface")["Condition"] == {
+        "BoolIfExists": {"ec2:AssociatePublicIpAddress": "false"}
+    }
 
 
 def test_images_launch_only_from_the_allowed_owners() -> None:
@@ -102,12 +108,18 @@ def test_the_budget_and_idle_functions_cannot_launch_or_read_the_report_secret(f
     assert "REPORT_SECRET_ARN" not in function_properties(function)["Environment"]["Variables"]
 
 
-def test_the_budget_function_cannot_stop_terminate_or_manage_alarms_either() -> None:
+def test_the_budget_function_cannot_manage_alarms_or_write_to_the_bucket_and_stops_only_the_stacks_instances() -> None:
+    """It stops jobs on a breach: a checkpoint first (SendCommand), or, for a job that saves its own
+    files, the instances at once; that stop was refused in an account before StopPolicy (the call
+    ledger, tests/integration/test_every_call_is_allowed.py, found it)."""
     statements = _statements_of_function("BudgetFunction")
 
-    for action in ("ec2:TerminateInstances", "ec2:StopInstances", "cloudwatch:PutMetricAlarm", "s3:PutObject"):
+    for action in ("cloudwatch:PutMetricAlarm", "s3:PutObject", "ec2:DeletePlacementGroup", "ec2:DeleteSecurityGroup"):
         assert not _allows(statements, action), action
     assert _allows(statements, "ssm:SendCommand")  # it asks for a checkpoint before a budget stop
+    for action in ("ec2:TerminateInstances", "ec2:StopInstances"):
+        (stop,) = _allows(statements, action)
+        assert stop["Condition"] == {"StringEquals": {"aws:ResourceTag/gpujobs:stack": {"Ref": "AWS::StackName"}}}
 
 
 def test_only_functions_that_launch_or_verify_reports_read_the_report_secret() -> None:

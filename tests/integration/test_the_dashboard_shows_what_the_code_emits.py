@@ -59,7 +59,12 @@ def test_every_gpujobs_metric_on_the_dashboard_is_emitted_by_the_code() -> None:
 
     assert {"JobsInState", "Launches", "CapacityRefusals", "EstimatedCostUsd", "SpotInterruptions"} <= names
     missing = [n for n in sorted(names) if f'"{n}"' not in source and not _per_state(n)]
-    assert missing == []
+    assert missing == sorted(NOT_YET_EMITTED)
+
+
+NOT_YET_EMITTED = {"EffectsFailed"}
+"""Graphed (and alarmed, EffectsFailedAlarm) ahead of the code: the service counts a failed effect
+there (issue 17), dimension Effect. Once it does, the test above fails until the name leaves this set."""
 
 
 def _per_state(name: str) -> bool:

@@ -48,6 +48,7 @@ from gpujobs.instance.userdata import (
     unpack_bootstrap,
 )
 from tests.conftest import BootstrapPython
+from tests.iam.recorder import RECORDER
 from tests.unit.fake_imds import FakeImds
 
 BUCKET = "gpujobs-test-checkpoints"
@@ -540,6 +541,12 @@ def put_checkpoint(s3: Any, step: int, *, attempt: int, reason: str | None) -> N
         s3.put_object(Bucket="ckpt", Key=f"{folder}/COMMIT.json", Body=json.dumps(marker).encode())
 
 
+JOB_CLIENT = (
+    "a deployed bootstrap reads the interrupted attempt's commits with the job's credentials (job_clients),"
+    " whose session policy lets it read the job's own checkpoints, as the trainer's resume does"
+)
+
+
 def test_the_wait_ends_once_the_interrupted_attempt_committed_its_preemption_checkpoint(ec2: Any) -> None:
     launch(ec2, count=1, attempt=2)  # still shutting down after its save
     s3 = boto3.client("s3", region_name="us-east-1")
@@ -548,7 +555,8 @@ def test_the_wait_ends_once_the_interrupted_attempt_committed_its_preemption_che
     put_checkpoint(s3, 60, attempt=2, reason="periodic")  # the old attempt may still save again
 
     def committed() -> int | None:
-        return handover.last_commit_by(s3, uri="s3://ckpt/jobs/job-7/ckpt", attempt=2, after_step=40)
+        with RECORDER.unattributed(JOB_CLIENT):
+            return handover.last_commit_by(s3, uri="s3://ckpt/jobs/job-7/ckpt", attempt=2, after_step=40)
 
     assert committed() is None
     waiting, result = in_background(
@@ -568,7 +576,8 @@ def test_only_a_newer_commit_by_the_interrupted_attempt_ends_the_wait(ec2: Any) 
 
     def newest(**changes: Any) -> int | None:
         asked: dict[str, Any] = {"uri": "s3://ckpt/jobs/job-7/ckpt", "attempt": 2, "after_step": None, **changes}
-        return handover.last_commit_by(s3, **asked)
+        with RECORDER.unattributed(JOB_CLIENT):
+            return handover.last_commit_by(s3, **asked)
 
     assert newest() == 40
     assert newest(after_step=40) is None  # already known to the control plane: not this attempt's last words

@@ -40,7 +40,7 @@ import tempfile
 import threading
 from typing import IO, Any
 
-from gpujobs.instance import confinement
+from gpujobs.instance import aws, confinement
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_logs import LogShipper, pump
 from gpujobs.instance.contract import WORKLOAD_UID, container_name
@@ -246,7 +246,13 @@ class DockerRuntime(Runtime):
         image = doc["image"]
         ecr = _ECR_IMAGE.match(image)
         if ecr:
-            auth = clients("ecr").get_authorization_token(registryIds=[ecr.group(1)])["authorizationData"][0]
+            # A registry's token comes from the registry's own region (the Deep Learning Containers'
+            # account 763104351884 has one per region): ask there, not where the job runs.
+            registry_region = ecr.group(2)
+            ecr_client = clients("ecr")
+            if getattr(getattr(ecr_client, "meta", None), "region_name", registry_region) != registry_region:
+                ecr_client = aws.client("ecr", registry_region)
+            auth = ecr_client.get_authorization_token(registryIds=[ecr.group(1)])["authorizationData"][0]
             password = base64.b64decode(auth["authorizationToken"]).decode().partition(":")[2]
             self._docker("login", "--username", "AWS", "--password-stdin", ecr.group(0), stdin=password)
         self._docker("pull", image)
