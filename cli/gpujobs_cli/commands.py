@@ -169,7 +169,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**result, "job": job.model_dump(mode="json")}, indent=2))
     else:
-        print(render.job_status(job))
+        print(render.job_status(job, now=utc_now()))
     return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
 
 
@@ -236,7 +236,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     store = _store(resources)
     job = _get(store, args.job_id)
     logs = JobLogs(resources.client("logs"), resources.values[LOG_GROUP])
-    since = datetime.now(UTC) - args.since if args.since else None
+    since = utc_now() - args.since if args.since else None
     try:
         attempt = choose_attempt(job, args.attempt)
         stream = choose_stream(job, attempt, node=args.node, bootstrap=args.bootstrap)
@@ -278,7 +278,7 @@ def _wait_for_stream(logs: JobLogs, stream: str, attempt_over: Callable[[], bool
 
 def _status_json(job: Job) -> dict[str, Any]:
     """The job record, and its deadline's standing now when it has one (`deadline`)."""
-    deadline = render.deadline_json(job, datetime.now(UTC))
+    deadline = render.deadline_json(job, utc_now())
     return _with_spend(job) | ({"deadline": deadline} if deadline is not None else {})
 
 
@@ -291,7 +291,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_with_spend(j) for j in jobs], indent=2))
     elif jobs:
-        now = _now()
+        now = utc_now()
         print(render.job_list(jobs, spends={j.job_id: spend_of(j, now) for j in jobs}))
     else:
         of_team = f" of team {args.team}" if args.team else ""
@@ -300,15 +300,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _status_page(job: Job) -> str:
-    return render.job_status(job, spend=spend_of(job, _now()))
+    now = utc_now()
+    return render.job_status(job, spend=spend_of(job, now), now=now)
 
 
 def _with_spend(job: Job) -> dict[str, Any]:
     """The job record as JSON, plus `spend`: what it has cost so far (`gpujobs_cli.spend`)."""
-    return {**job.model_dump(mode="json"), "spend": spend_of(job, _now()).as_json()}
+    return {**job.model_dump(mode="json"), "spend": spend_of(job, utc_now()).as_json()}
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
+    """The CLI's one clock (ages, spend, `--since`): tests replace it rather than race the wall clock."""
     return datetime.now(UTC)
 
 

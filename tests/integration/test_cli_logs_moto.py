@@ -75,6 +75,7 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Logs]:
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "GPUJOBS_QUEUE_URL", "GPUJOBS_STACK"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(commands, "utc_now", lambda: NOW)  # NOW is the module's import; the suite may run long after
     with mock_aws():
         ddb = boto3.client("dynamodb")
         ddb.create_table(**table_definition(table_name="gpujobs-jobs"))
