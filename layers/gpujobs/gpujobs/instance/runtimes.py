@@ -242,7 +242,8 @@ class DockerRuntime(Runtime):
         log(f"IMDS is refused to the container's control group {parent} ({driver} driver)")
 
     def prepare(self, doc: dict[str, Any], clients: Clients) -> None:
-        refuse_line_breaks({**doc["env"], **doc["trainer_env"]})  # before the pull: start() could not pass them
+        # before the pull: start() could not pass them (a document without env passes nothing)
+        refuse_line_breaks({**doc.get("env", {}), **doc.get("trainer_env", {})})
         image = doc["image"]
         ecr = _ECR_IMAGE.match(image)
         if ecr:
