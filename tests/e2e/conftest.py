@@ -32,6 +32,7 @@ from gpujobs.service.ports import JobNotFoundError
 from gpujobs_local.cloud import Delivery, LocalCloud
 from gpujobs_local.instances import InstanceRunner
 from gpujobs_local.session import ROOT, LocalSession, local_session
+from tests.warning_saves import warning_saves_problem
 
 TRAIN = ROOT / "training_image" / "examples" / "digits" / "train.py"
 TYPES = ["g5.12xlarge", "g6.12xlarge"]
@@ -105,16 +106,36 @@ class Stage:
         with self._lock:
             return [(at, d) for at, d in self.heard if kind is None or d.kind == kind]
 
-    def checkpoints(self, attempt: int | None = None) -> list[Committed]:
+    def checkpoints(self, attempt: int | None = None, *, job_id: str | None = None) -> list[Committed]:
         found: list[Committed] = []
         for at, d in self.deliveries("Checkpoint Committed"):
             detail = (d.event or {}).get("detail", {})
+            if job_id is not None and detail.get("job_id") != job_id:
+                continue
             seen = Committed(int(detail.get("step", -1)), int(detail.get("attempt", 0)), str(detail.get("reason")), at)
             if (attempt is None or seen.attempt == attempt) and all(
                 (c.step, c.attempt, c.reason) != (seen.step, seen.attempt, seen.reason) for c in found
             ):
                 found.append(seen)
         return found
+
+    def preemption_checkpoint(self, job_id: str, attempt: int = 1, timeout: float = 60) -> Committed:
+        """The checkpoint an interrupted attempt stopped on: its newest commit, once a node of it
+        reported exit 75. Fails unless the attempt's saves are what one warning may leave
+        (`tests.warning_saves`: the preemption may join a save just started instead of saving)."""
+
+        def exited() -> list[dict[str, Any]]:
+            found = [(d.event or {}).get("detail", {}) for _, d in self.deliveries("Job Exited")]
+            return [e for e in found if e.get("job_id") == job_id and int(e.get("attempt", 0)) == attempt]
+
+        self.wait(f"attempt {attempt} to exit", lambda: bool(exited()), timeout)
+        codes = sorted({int(e.get("exit_code", -1)) for e in exited()})
+        assert 75 in codes, f"attempt {attempt} exited {codes}, not as preempted (75)"
+        commits = self.checkpoints(attempt, job_id=job_id)
+        newest = max(commits, key=lambda c: c.step)
+        problem = warning_saves_problem([(c.step, c.reason) for c in commits], newest.step)
+        assert problem is None, problem
+        return newest
 
     def failed_deliveries(self) -> list[str]:
         return [d.line() for _, d in self.deliveries() if d.error is not None]

@@ -208,8 +208,7 @@ def test_each_attack_by_one_teams_job_on_anothers_is_refused_and_recorded(
     stage.runner.interrupt_spot(a_instance, notice_seconds=10)
     (replacement,) = stage.wait_running(a_job, attempt=2, timeout=90).instance_ids
     stage.wait("A's replacement to resume", lambda: stage.trainer_line(replacement, "resumed") is not None, 150)
-    stage.wait("A's preemption checkpoint", lambda: any(c.reason == "preempted" for c in stage.checkpoints(1)), 30)
-    (preempted,) = [c for c in stage.checkpoints(1) if c.reason == "preempted"]
+    preempted = stage.preemption_checkpoint(a_job, 1, timeout=30)
     resumed = stage.trainer_line(replacement, "resumed")
     assert resumed is not None
     assert resumed["step"] == preempted.step  # A's own newest, exactly where its first attempt stopped
