@@ -54,8 +54,9 @@ build: $(SAM_VENV)/.installed
 unit: setup
 	$(BIN)/python -m pytest -m "not integration and not training"
 
+# -n auto: a worker per core; --dist loadgroup keeps tests/folders.py's torch group on one worker.
 test: lint typecheck template build
-	GPUJOBS_REQUIRE_SAM_BUILD=1 $(BIN)/python -m pytest
+	GPUJOBS_REQUIRE_SAM_BUILD=1 $(BIN)/python -m pytest -n auto --dist loadgroup
 
 bench: setup
 	$(BIN)/python bench/control_plane_bench.py

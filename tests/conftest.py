@@ -18,7 +18,9 @@ from tests.ami_pythons import AMI_PYTHONS, MissingPythonError, ami_python
 
 __all__ = ["load_function"]
 
-pytest_plugins = ["tests.call_ledger"]  # every AWS call a stack principal makes, checked against the template
+# tests.call_ledger: every AWS call a stack principal makes, checked against the template;
+# tests.folders: the markers each folder gives its tests, and the parallel run's torch group.
+pytest_plugins = ["tests.call_ledger", "tests.folders"]
 
 # Powertools' logger and metrics are created once, when `gpujobs.runtime.observability` is first
 # imported, and read their service and namespace from the environment then: a test module that
