@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from datetime import timedelta
 
 import pytest
@@ -33,7 +32,6 @@ ITEM_BOUND_BYTES = MAX_ITEM_BYTES // 8
 
 @pytest.mark.slow
 def test_one_job_for_thirty_days_of_refusals_and_interruptions_stays_bounded_and_keeps_training() -> None:
-    started = time.perf_counter()
     rng = random.Random(30)
     cloud = SimulatedCloud()
     body = spec(
@@ -83,4 +81,3 @@ def test_one_job_for_thirty_days_of_refusals_and_interruptions_stays_bounded_and
     assert len(final.history) <= MAX_HISTORY_KEPT < final.history_count  # bounded, yet every transition counted
     assert len(final.attempts) <= MAX_ATTEMPTS_KEPT + 1
     assert all(len(attempt.tries) <= MAX_TRIES_KEPT for attempt in final.attempts)
-    assert time.perf_counter() - started < 60  # simulated time: a month on the fakes in seconds
