@@ -32,7 +32,10 @@ from gpujobs_local.story import MetricLineFilter, Story, story_parser
 
 TRAIN = ROOT / "training_image" / "examples" / "digits" / "train.py"
 STEPS = 400
-INTERRUPT_AFTER_STEP = 150
+CHECKPOINT_EVERY_STEPS = 100
+INTERRUPT_AFTER_STEP = 160
+"""Well after a periodic save: a warning within `coalescing.COALESCE_SECONDS` of a save's start joins
+that save rather than saving (and the steps since it are trained again); this one saves at once."""
 NOTICE_SECONDS = 8.0
 _PROGRESS = re.compile(r"\[digits\] step\s+(\d+)/")
 
@@ -51,7 +54,7 @@ def demo_spec(*, nodes: int) -> dict[str, Any]:
             "--step-sleep",
             "0.03",
             "--checkpoint-every-steps",
-            "50",
+            str(CHECKPOINT_EVERY_STEPS),
             "--export",
         ],
         "nodes": nodes,
@@ -162,27 +165,36 @@ class Demo:
         self.wait("the replacement to resume", lambda: self.result_line(replacement.number, "resumed") is not None, 150)
         resumed = self.result_line(replacement.number, "resumed") or {}
         resumed_at = time.monotonic()
-        # how far attempt 1 got: its last progress line or its last checkpoint, whichever is later
-        stopped_at = max([self.progress(1)] + [step for step, attempt, _ in self.checkpoints if attempt == 1])
+        # how far attempt 1 trained (its last progress line or checkpoint) and the newest step it
+        # committed: the replacement resumes from that one, and trains the steps in between again
+        handed_over = max([step for step, attempt, _ in self.checkpoints if attempt == 1], default=0)
+        stopped_at = max(self.progress(1), handed_over)
         self.story.step(f"attempt {replacement.number} resumed from step {resumed.get('step')}")
         self.wait("the job to finish", lambda: self.job().state.is_terminal, 150)
         final = self.job()
         result = self.result_line(replacement.number, "final") or {}
         self.story.step(f"job {final.state.value}: held-out accuracy {result.get('accuracy')}")
-        summary = self.summary(final, resumed, result, stopped_at, resumed_at - warned_at)
+        summary = self.summary(final, resumed, result, (handed_over, stopped_at), resumed_at - warned_at)
         outputs = summary["outputs"]
         self.story.step(f"outputs: {', '.join(outputs['keys']) or 'none'} in {outputs['uri']} (gpujobs artifacts)")
         return summary
 
     def summary(
-        self, job: Job, resumed: dict[str, Any], result: dict[str, Any], stopped_at: int, warning_to_resumed: float
+        self,
+        job: Job,
+        resumed: dict[str, Any],
+        result: dict[str, Any],
+        first_ended: tuple[int, int],
+        warning_to_resumed: float,
     ) -> dict[str, Any]:
+        """`first_ended`: attempt 1's newest committed step and the step it had trained to."""
+        handed_over, stopped_at = first_ended
         attempts = []
         for attempt in job.attempts:
             if not attempt.instance_ids:
                 continue
             start = attempt.resume_from_step if attempt.number == 1 else resumed.get("step")
-            end = stopped_at if attempt.number == 1 else result.get("step")
+            end = handed_over if attempt.number == 1 else result.get("step")
             attempts.append(
                 {
                     "attempt": attempt.number,
@@ -192,6 +204,7 @@ class Demo:
                     "instances": list(attempt.instance_ids),
                     "start_step": start or 0,
                     "end_step": end,
+                    "trained_to_step": stopped_at if attempt.number == 1 else result.get("step"),
                     "end_reason": attempt.end_reason,
                 }
             )

@@ -120,21 +120,24 @@ class Stage:
         return found
 
     def preemption_checkpoint(self, job_id: str, attempt: int = 1, timeout: float = 60) -> Committed:
-        """The checkpoint an interrupted attempt stopped on: its newest commit, once a node of it
-        reported exit 75. Fails unless the attempt's saves are what one warning may leave
-        (`tests.warning_saves`: the preemption may join a save just started instead of saving)."""
+        """The checkpoint an interrupted attempt handed over: the newest commit the control plane
+        recorded for it, once it recorded the attempt's exit 75. Fails unless the attempt's saves
+        are what one warning may leave (`tests.warning_saves`: the preemption may join a save just
+        started instead of saving again). Reports the control plane refused (forged, another job's)
+        count for nothing: the record says what was accepted."""
 
-        def exited() -> list[dict[str, Any]]:
-            found = [(d.event or {}).get("detail", {}) for _, d in self.deliveries("Job Exited")]
-            return [e for e in found if e.get("job_id") == job_id and int(e.get("attempt", 0)) == attempt]
+        def recorded() -> Attempt | None:
+            found = self.job(job_id).attempt(attempt)
+            return found if found is not None and 75 in found.exit_codes.values() else None
 
-        self.wait(f"attempt {attempt} to exit", lambda: bool(exited()), timeout)
-        codes = sorted({int(e.get("exit_code", -1)) for e in exited()})
-        assert 75 in codes, f"attempt {attempt} exited {codes}, not as preempted (75)"
-        commits = self.checkpoints(attempt, job_id=job_id)
-        newest = max(commits, key=lambda c: c.step)
-        problem = warning_saves_problem([(c.step, c.reason) for c in commits], newest.step)
+        self.wait(f"attempt {attempt}'s exit 75 to be recorded", lambda: recorded() is not None, timeout)
+        ended = recorded()
+        assert ended is not None
+        assert ended.checkpoint_step is not None, f"attempt {attempt} handed over no checkpoint"
+        commits = [c for c in self.checkpoints(attempt, job_id=job_id) if c.step <= ended.checkpoint_step]
+        problem = warning_saves_problem([(c.step, c.reason) for c in commits], ended.checkpoint_step)
         assert problem is None, problem
+        (newest,) = [c for c in commits if c.step == ended.checkpoint_step]
         return newest
 
     def failed_deliveries(self) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpujobs_local.demo import main
+from gpujobs_local.demo import CHECKPOINT_EVERY_STEPS, main
 from tests.warning_saves import warning_saves_problem
 
 pytestmark = [pytest.mark.integration, pytest.mark.training, pytest.mark.slow]
@@ -31,11 +31,14 @@ def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
     first, second = summary["attempts"]
     assert first["end_reason"] == "interrupted"
     assert (second["instance_type"], second["zone"]) != (first["instance_type"], first["zone"])
-    assert second["start_step"] == first["end_step"]  # resumed exactly where the preempted save was made
-    assert summary["steps_lost"] <= 1
+    assert second["start_step"] == first["end_step"]  # resumed exactly from attempt 1's newest checkpoint
     assert first["end_step"] in summary["checkpoint_steps"]
     # the warning (checkpoint-now over SSM, the IMDS notice, SIGTERM) saved once, or joined the save just made
-    assert warning_saves_problem(_commits(summary, attempt=1), first["end_step"]) is None
+    commits = _commits(summary, attempt=1)
+    assert warning_saves_problem(commits, first["end_step"]) is None
+    saved_at_the_warning = (first["end_step"], "preempted") in commits or (first["end_step"], "on-demand") in commits
+    # a save at the warning loses at most the step in flight; a joined save, what ran since it started
+    assert summary["steps_lost"] <= (1 if saved_at_the_warning else CHECKPOINT_EVERY_STEPS - 1)
     assert summary["logs"]["log_group"] == "/gpujobs/gpujobs-local/jobs"
     assert summary["logs"]["streams"] == [f"{summary['job_id']}/{a['attempt']}/0" for a in (first, second)]
     instance_logs = list(tmp_path.rglob("bootstrap.log"))
