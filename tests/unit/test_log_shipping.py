@@ -240,3 +240,19 @@ def test_lines_a_stream_throttled_to_the_end_could_not_take_are_counted_on_stder
     assert logs.streams == []
     assert shipper.dropped == 7
     assert "7 lines dropped in all" in capsys.readouterr().err
+
+
+def test_a_stream_throttled_for_thousands_of_tries_keeps_backing_off_at_the_cap() -> None:
+    # given CreateLogStream throttled 2,000 times (hours at the 20 s cap on a real instance)
+    logs, sleeps = FakeLogs(throttle_creates=2000), Sleeps()
+    shipper = LogShipper(lambda: logs, interval=0.01, backoff=0.5, max_backoff=20, sleep=sleeps)
+    shipper.write("still here")
+
+    shipper.open(GROUP, STREAM)
+    until(lambda: logs.messages == ["still here"])
+    shipper.close()
+
+    # then the shipper outlived them (2**1024 as a float overflowed and ended its thread)
+    assert logs.streams == [STREAM]
+    assert len(sleeps) == 2000
+    assert sleeps[-1] == 20

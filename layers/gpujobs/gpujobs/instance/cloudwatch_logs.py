@@ -225,7 +225,9 @@ class LogShipper:
                 closing_tries += 1
             if (not transient and failures >= self.tries) or closing_tries >= CLOSING_TRIES:
                 return problem
-            self._sleep(min(self.max_backoff, self.backoff * 2 ** (failures - 1)))
+            # the exponent capped: after 1,024 failures (hours of throttling at the cap) 2**n as a
+            # float overflows, and the OverflowError ended the shipping thread for good
+            self._sleep(min(self.max_backoff, self.backoff * 2 ** min(failures - 1, 32)))
 
 
 TRANSIENT_CODES = frozenset(
