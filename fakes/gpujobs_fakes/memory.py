@@ -23,6 +23,7 @@ from gpujobs.adapters.dynamodb import sized_job_item
 from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job_metrics import JobMetric
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
 from gpujobs.domain.report_auth import checkpoint_key, report_key
 from gpujobs.domain.states import JobState
@@ -300,9 +301,29 @@ class FixedReportKeys:
 @dataclass
 class RecordingSignaller:
     signals: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+    faults: Faults = field(default_factory=Faults)
 
     def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
+        self.faults.check("checkpoint_now")
         self.signals.append((tuple(instance_ids), container))
+
+
+@dataclass
+class RecordingMetrics:
+    """`MetricsRecorder`: what was emitted, in order, with its dimensions."""
+
+    recorded: list[JobMetric] = field(default_factory=list)
+
+    def record(self, metrics: Sequence[JobMetric]) -> None:
+        self.recorded += metrics
+
+    def counts(self, name: str, dimension: str) -> Counter[str]:
+        """How much of `name` was recorded under each value of `dimension`."""
+        found: Counter[str] = Counter()
+        for metric in self.recorded:
+            if metric.name == name:
+                found[dict(metric.dimensions).get(dimension, "")] += int(metric.value)
+        return found
 
 
 @dataclass

@@ -44,7 +44,7 @@ from gpujobs.contract import GONE_STATES, STOPPED_STATES, UP_STATES
 from gpujobs.domain import decisions
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
-from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, live_instances
+from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, Terminate, live_instances
 from gpujobs.domain.gangs import overdue_survivors
 from gpujobs.domain.hangs import hung_instances
 from gpujobs.domain.job import Job
@@ -234,7 +234,7 @@ class Reconciler:
             survivors = overdue_survivors(attempt, now=now)
             if survivors:
                 log.warning("%s: attempt %d was reclaimed; terminating %s", job.job_id, attempt.number, survivors)
-                self.ports.compute.terminate(list(survivors))
+                self.jobs.carry_out([Terminate(tuple(survivors))])
                 report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
@@ -244,7 +244,7 @@ class Reconciler:
         if live:
             limit = job.require_spec().trainer.heartbeat_overdue
             log.warning("%s: no heartbeat for over %s; terminating %s", job.job_id, limit, live)
-            self.ports.compute.terminate(list(live))
+            self.jobs.carry_out([Terminate(tuple(live))])
             report.count(Repair.HUNG_ATTEMPTS_TERMINATED)
 
     def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:
@@ -302,7 +302,7 @@ class Reconciler:
             orphans += confirmed
         if orphans:
             log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)
-            self.ports.compute.terminate(orphans)
+            self.jobs.carry_out([Terminate(tuple(orphans))])
             report.count(Repair.ORPHANS_TERMINATED, len(orphans))
 
     def _sweep_placement_groups(self, active: dict[str, Job], report: ReconcileReport) -> None:
