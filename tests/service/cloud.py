@@ -81,6 +81,8 @@ class SimulatedCloud:
     reclaim_at: dict[str, datetime] = field(default_factory=dict)
     steps: dict[tuple[str, int], int] = field(default_factory=dict)
     hung: set[tuple[str, int]] = field(default_factory=set)
+    """Gangs whose trainer reports nothing more: stuck in a collective, or, hung before its first
+    heartbeat, in NCCL/EFA initialisation. Every other live gang heartbeats on each tick."""
     refused: set[tuple[str, str, str]] = field(default_factory=set)
     seen_state: dict[str, str] = field(default_factory=dict)
     terminal: dict[str, JobState] = field(default_factory=dict)
@@ -222,7 +224,7 @@ class SimulatedCloud:
                     self.shut_down(iid)
             if heartbeats:
                 for gang in self.gangs():
-                    if gang not in self.hung and gang in self.steps:
+                    if gang not in self.hung:
                         self.attempt(lambda g=gang: self._handle(Delivery("heartbeat", (*g, self.progress(g, 10)))))
             if self.now - self.last_reconcile >= RECONCILE_EVERY:
                 self.reconcile()
@@ -367,6 +369,10 @@ class SimulatedCloud:
         missing = [i for i in attempt.instance_ids if i not in up]
         if missing:
             return f"recorded instances {missing} are gone"
+        if spec.checkpoint.takes_checkpoint_requests and attempt.last_heartbeat_at is None:
+            silent = self.now - attempt.started_at
+            if silent > spec.trainer.first_heartbeat + 2 * RECONCILE_EVERY:
+                return f"no first heartbeat for {silent}, yet not judged hung"
         if spec.gpus_per_node > 0:
             lacking = [i for i in attempt.instance_ids if i not in self.world.alarms.alarms]
             if lacking:

@@ -138,6 +138,8 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
 
     @rule(which=pick)
     def trainer_hangs(self, which: int) -> None:
+        """Its trainer reports nothing more: after its heartbeats began, or before the first (NCCL/EFA
+        initialisation hangs); either way the reconciler replaces the gang (`domain.hangs`)."""
         gang = self._gang(which)
         if gang:
             self.cloud.hung.add(gang)

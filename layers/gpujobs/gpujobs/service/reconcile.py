@@ -11,7 +11,8 @@ A run works in order of what a lost minute costs most:
    only when the period rolls over), and the holds in force are read once for the run.
 2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
    that was still launching when the alert came is asked to stop once it runs), runtime and cost
-   caps, a deadline's move to the market it needs (`domain.deadline`), overdue heartbeats, then the
+   caps, a deadline's move to the market it needs (`domain.deadline`), overdue or missing first
+   heartbeats, then the
    attempt is settled. A job between attempts that still holds
    an unfinished one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
@@ -46,7 +47,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_ear
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
 from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, Terminate, live_instances
 from gpujobs.domain.gangs import overdue_survivors
-from gpujobs.domain.hangs import hung_instances
+from gpujobs.domain.hangs import hang_of
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
@@ -238,13 +239,12 @@ class Reconciler:
                 report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
-        """A trainer that reported heartbeats and then went silent for longer than its job allows
-        is hung (`domain.hangs`): replace its gang."""
-        live = hung_instances(job, now=now)
-        if live:
-            limit = job.require_spec().trainer.heartbeat_overdue
-            log.warning("%s: no heartbeat for over %s; terminating %s", job.job_id, limit, live)
-            self.jobs.carry_out([Terminate(tuple(live))])
+        """A trainer whose heartbeats stopped, or never started, for longer than its job allows is
+        hung (`domain.hangs`): replace its gang."""
+        hang = hang_of(job, now=now)
+        if hang is not None:
+            log.warning("%s: %s; terminating %s", job.job_id, hang.why, hang.instance_ids)
+            self.jobs.carry_out([Terminate(hang.instance_ids)])
             report.count(Repair.HUNG_ATTEMPTS_TERMINATED)
 
     def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:
