@@ -31,6 +31,7 @@ from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
     CapacityError,
     ConcurrentUpdateError,
+    IdleAlarmState,
     JobExistsError,
     JobNotFoundError,
     JobSecurityGroup,
@@ -331,6 +332,8 @@ class InMemoryIdleAlarms:
     alarms: dict[str, tuple[str, float, int]] = field(default_factory=dict)
     """instance id -> (job id, below percent, minutes)"""
     faults: Faults = field(default_factory=Faults)
+    datapoints: dict[str, bool] = field(default_factory=dict)
+    """instance id -> whether its alarm's last evaluation saw a datapoint (absent: not evaluated)."""
 
     def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
         self.faults.check("create")
@@ -345,6 +348,18 @@ class InMemoryIdleAlarms:
     def instance_ids(self) -> list[str]:
         self.faults.check("instance_ids")
         return list(self.alarms)
+
+    def states(self) -> list[IdleAlarmState]:
+        """Each alarm unevaluated, like moto's, unless a test set what CloudWatch saw (`silent`, `fed`)."""
+        self.faults.check("states")
+        return [IdleAlarmState(iid, "OK", self.datapoints.get(iid)) for iid in self.alarms]
+
+    def silent(self, *instance_ids: str) -> None:
+        """Their alarms' last evaluation saw no GPU datapoint (the CloudWatch agent is not running)."""
+        self.datapoints.update(dict.fromkeys(instance_ids, False))
+
+    def fed(self, *instance_ids: str) -> None:
+        self.datapoints.update(dict.fromkeys(instance_ids, True))
 
 
 @dataclass

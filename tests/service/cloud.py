@@ -13,16 +13,17 @@ storm (faults off, capacity back, every event delivered, the clock past every gr
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
-from gpujobs.contract import UP_STATES, ExitCode
+from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
+from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState
@@ -262,6 +263,14 @@ class SimulatedCloud:
             if event.source is not None and event.source.is_terminal:
                 problems.append(f"{event.job_id} published {event.source} -> {event.target}")
         self.published = len(self.world.publisher.events)
+        noted = Counter(
+            (n["job_id"], n["attempt"]) for kind, n in self.world.publisher.notices if kind == IDLE_DETECTION_OFF
+        )
+        problems += [
+            f"{job_id}: attempt {n} told {c} times that idle detection is off"
+            for (job_id, n), c in noted.items()
+            if c > 1
+        ]
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         return problems
@@ -377,4 +386,8 @@ class SimulatedCloud:
             lacking = [i for i in attempt.instance_ids if i not in self.world.alarms.alarms]
             if lacking:
                 return f"no idle alarm for {lacking}"
+            silent = [i for i in attempt.instance_ids if self.world.alarms.datapoints.get(i) is False]
+            overdue = self.now - attempt.started_at > GPU_METRIC_GRACE + RECONCILE_EVERY
+            if silent and overdue and attempt.idle_detection_off_at is None:
+                return f"{silent} fed no GPU metric, yet the job was never told its idle detection is off"
         return None

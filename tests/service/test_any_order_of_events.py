@@ -110,6 +110,13 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         if alarms:
             self.cloud.idle_alarm(alarms[which % len(alarms)])
 
+    @rule(which=pick)
+    def gpu_metric_never_arrives(self, which: int) -> None:
+        """The CloudWatch agent of one instance publishes nothing: its alarm sees no datapoint."""
+        alarms = sorted(self.cloud.world.alarms.alarms)
+        if alarms:
+            self.cloud.world.alarms.silent(alarms[which % len(alarms)])
+
     # ---- trainers -----------------------------------------------------------------------------
     @rule(which=pick, by=st.integers(1, 50))
     def heartbeat(self, which: int, by: int) -> None:

@@ -101,6 +101,7 @@ class Outcome(StrEnum):
     NOTHING_TO_DECIDE = "nothing to decide yet"
     STOP_REQUESTED = "stop requested"
     IDLE_RECORDED = "idle recorded (action ignore)"
+    IDLE_DETECTION_OFF = "idle detection off: no GPU metric (noted)"
     LAUNCH_CLAIMED = "launch claimed"
     LAUNCH_HELD = "held by the budget"
     LAUNCHED = "instances launched"
