@@ -28,6 +28,10 @@ from gpujobs.domain.effects import (
     TerminateJobInstances,
     aws_call_of,
 )
+from gpujobs.runtime.observability import EmfMetrics
+from gpujobs.service.changes import Actuator
+from gpujobs_fakes.memory import FakeCompute
+from gpujobs_fakes.wiring import fake_ports
 from gpujobs_local.template import as_list, load_template, properties, resource
 from tests.iam.evaluate import Request, evaluate
 from tests.iam.stack_policies import principal_policies, rendered
@@ -249,6 +253,32 @@ def test_the_effects_alarm_has_a_series_for_every_call_a_failed_effect_is_counte
     emitted = {call for e in one_of_each if (call := aws_call_of(e)) is not None}
 
     assert emitted == set(EFFECTS)
+
+
+def test_a_failed_effect_is_emitted_as_the_series_the_alarm_sums(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The EMF line a failed Terminate makes, under the functions' environment from the template:
+    an alarm's MetricStat matches only the exact namespace, name and set of dimensions."""
+    variables = load_template()["Globals"]["Function"]["Environment"]["Variables"]
+    for name in ("POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"):
+        monkeypatch.setenv(name, variables[name])
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    monkeypatch.delenv("POWERTOOLS_DEV", raising=False)
+    compute = FakeCompute()
+    compute.faults.fail_next("terminate")
+    capsys.readouterr()
+
+    Actuator(fake_ports(compute=compute, metrics=EmfMetrics())).carry_out([Terminate(("i-1",))])
+
+    [line] = [json.loads(out) for out in capsys.readouterr().out.splitlines()]
+    [directive] = line["_aws"]["CloudWatchMetrics"]
+    (terminate,) = [m for m in properties("EffectsFailedAlarm")["Metrics"] if m["Id"] == "terminate"]
+    queried = terminate["MetricStat"]["Metric"]
+    assert directive["Namespace"] == queried["Namespace"]
+    assert [m["Name"] for m in directive["Metrics"]] == [queried["MetricName"]]
+    assert {d: line[d] for d in directive["Dimensions"][0]} == {d["Name"]: d["Value"] for d in queried["Dimensions"]}
+    assert line[queried["MetricName"]] == [1.0]
 
 
 # ------------------------------------------------------------------------------ cost allocation
