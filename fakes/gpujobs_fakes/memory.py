@@ -23,6 +23,7 @@ from gpujobs.adapters.dynamodb import sized_job_item
 from gpujobs.contract import LIVE_STATES
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace, strictest
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job_metrics import JobMetric
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
 from gpujobs.domain.report_auth import checkpoint_key, report_key
 from gpujobs.domain.states import JobState
@@ -30,6 +31,7 @@ from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.ports import (
     CapacityError,
     ConcurrentUpdateError,
+    IdleAlarmState,
     JobExistsError,
     JobNotFoundError,
     JobSecurityGroup,
@@ -300,9 +302,29 @@ class FixedReportKeys:
 @dataclass
 class RecordingSignaller:
     signals: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+    faults: Faults = field(default_factory=Faults)
 
     def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
+        self.faults.check("checkpoint_now")
         self.signals.append((tuple(instance_ids), container))
+
+
+@dataclass
+class RecordingMetrics:
+    """`MetricsRecorder`: what was emitted, in order, with its dimensions."""
+
+    recorded: list[JobMetric] = field(default_factory=list)
+
+    def record(self, metrics: Sequence[JobMetric]) -> None:
+        self.recorded += metrics
+
+    def counts(self, name: str, dimension: str) -> Counter[str]:
+        """How much of `name` was recorded under each value of `dimension`."""
+        found: Counter[str] = Counter()
+        for metric in self.recorded:
+            if metric.name == name:
+                found[dict(metric.dimensions).get(dimension, "")] += int(metric.value)
+        return found
 
 
 @dataclass
@@ -310,6 +332,8 @@ class InMemoryIdleAlarms:
     alarms: dict[str, tuple[str, float, int]] = field(default_factory=dict)
     """instance id -> (job id, below percent, minutes)"""
     faults: Faults = field(default_factory=Faults)
+    datapoints: dict[str, bool] = field(default_factory=dict)
+    """instance id -> whether its alarm's last evaluation saw a datapoint (absent: not evaluated)."""
 
     def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
         self.faults.check("create")
@@ -324,6 +348,18 @@ class InMemoryIdleAlarms:
     def instance_ids(self) -> list[str]:
         self.faults.check("instance_ids")
         return list(self.alarms)
+
+    def states(self) -> list[IdleAlarmState]:
+        """Each alarm unevaluated, like moto's, unless a test set what CloudWatch saw (`silent`, `fed`)."""
+        self.faults.check("states")
+        return [IdleAlarmState(iid, "OK", self.datapoints.get(iid)) for iid in self.alarms]
+
+    def silent(self, *instance_ids: str) -> None:
+        """Their alarms' last evaluation saw no GPU datapoint (the CloudWatch agent is not running)."""
+        self.datapoints.update(dict.fromkeys(instance_ids, False))
+
+    def fed(self, *instance_ids: str) -> None:
+        self.datapoints.update(dict.fromkeys(instance_ids, True))
 
 
 @dataclass

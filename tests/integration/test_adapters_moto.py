@@ -95,6 +95,30 @@ def test_the_idle_alarms_of_this_stack_are_listed_by_instance_and_no_others(aws:
     assert sorted(alarms.instance_ids()) == ["i-0aaa", "i-0bbb"]
 
 
+def test_each_idle_alarm_says_whether_its_last_evaluation_saw_a_gpu_datapoint(aws: None) -> None:
+    """StateReasonData's `recentDatapoints` (CloudWatch writes it on each evaluation; moto only when
+    told, through SetAlarmState): empty is a silent agent, absent is an alarm not evaluated yet."""
+    cloudwatch = client("cloudwatch")
+    alarms = CloudWatchIdleAlarms(client=cloudwatch, stack_name=STACK)
+    alarms.create(job_id="j-1", instance_ids=["i-0fed", "i-0mute", "i-0new"], below_percent=5, minutes=15)
+    for iid, points in (("i-0fed", [37.5]), ("i-0mute", [])):
+        cloudwatch.set_alarm_state(
+            AlarmName=alarm_name(STACK, iid),
+            StateValue="OK",
+            StateReason="Threshold Crossed: no datapoints were received for 15 periods",
+            StateReasonData=json.dumps(
+                {"version": "1.0", "statistic": "Average", "period": 60, "recentDatapoints": points, "threshold": 5.0}
+            ),
+        )
+
+    states = {a.instance_id: (a.state, a.had_datapoints) for a in alarms.states()}
+
+    assert states["i-0fed"] == ("OK", True)
+    assert states["i-0mute"] == ("OK", False)
+    assert states["i-0new"][1] is None
+    assert sorted(alarms.instance_ids()) == sorted(states)
+
+
 # --- checkpoint now over SSM ----------------------------------------------------------------------
 
 

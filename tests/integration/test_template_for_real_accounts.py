@@ -12,18 +12,33 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import cfnlint
 import pytest
 
+from gpujobs.domain.effects import (
+    CreateAlarms,
+    DeleteAlarms,
+    Effect,
+    Launch,
+    SignalCheckpoint,
+    Stop,
+    Terminate,
+    TerminateJobInstances,
+    aws_call_of,
+)
+from gpujobs.runtime.observability import EmfMetrics
+from gpujobs.service.changes import Actuator
+from gpujobs_fakes.memory import FakeCompute
+from gpujobs_fakes.wiring import fake_ports
 from gpujobs_local.template import as_list, load_template, properties, resource
 from tests.iam.evaluate import Request, evaluate
 from tests.iam.stack_policies import principal_policies, rendered
 
 DLC_ACCOUNT = "763104351884"
 ALARM_ACTIONS = [{"Fn::If": ["HasAlarmTopic", {"Ref": "AlarmTopicArn"}, {"Ref": "AlarmTopic"}]}]
-EFFECTS = ["Stop", "Terminate", "SendCommand", "PutMetricAlarm", "CreateTags"]
+EFFECTS = ["Stop", "Terminate", "SendCommand", "PutMetricAlarm", "DeleteAlarms"]
 ALWAYS_PRESENT = {
     "aws:requesttag/gpujobs:stack": "every create the stack allows is tagged by the launcher (tag-on-create)",
     "aws:resourcetag/gpujobs:stack": "the resource either carries the stack's tag (ours) or not (refused: intended)",
@@ -220,6 +235,50 @@ def test_a_failed_effect_of_any_kind_raises_the_effects_alarm_and_shows_on_the_d
         m[0]["expression"] for w in dashboard["widgets"] for m in w["properties"]["metrics"] if isinstance(m[0], dict)
     ]
     assert "SEARCH('{GpuJobs,Effect,service} MetricName=\"EffectsFailed\"', 'Sum', 300)" in searches
+
+
+def test_the_effects_alarm_has_a_series_for_every_call_a_failed_effect_is_counted_under() -> None:
+    """`aws_call_of` names the `Effect` dimension the actuator counts a failure under; the alarm can
+    only sum the series it lists, so each name the code can emit has its line, and no other."""
+    one_of_each = [
+        Terminate(("i-1",)),
+        TerminateJobInstances("j-1"),
+        Stop(("i-1",)),
+        CreateAlarms("j-1", ("i-1",), 5, 30),
+        DeleteAlarms(("i-1",)),
+        SignalCheckpoint(("i-1",), "c"),
+        Launch("j-1"),
+    ]
+    assert {type(e) for e in one_of_each} == set(get_args(Effect))
+    emitted = {call for e in one_of_each if (call := aws_call_of(e)) is not None}
+
+    assert emitted == set(EFFECTS)
+
+
+def test_a_failed_effect_is_emitted_as_the_series_the_alarm_sums(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The EMF line a failed Terminate makes, under the functions' environment from the template:
+    an alarm's MetricStat matches only the exact namespace, name and set of dimensions."""
+    variables = load_template()["Globals"]["Function"]["Environment"]["Variables"]
+    for name in ("POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"):
+        monkeypatch.setenv(name, variables[name])
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    monkeypatch.delenv("POWERTOOLS_DEV", raising=False)
+    compute = FakeCompute()
+    compute.faults.fail_next("terminate")
+    capsys.readouterr()
+
+    Actuator(fake_ports(compute=compute, metrics=EmfMetrics())).carry_out([Terminate(("i-1",))])
+
+    [line] = [json.loads(out) for out in capsys.readouterr().out.splitlines()]
+    [directive] = line["_aws"]["CloudWatchMetrics"]
+    (terminate,) = [m for m in properties("EffectsFailedAlarm")["Metrics"] if m["Id"] == "terminate"]
+    queried = terminate["MetricStat"]["Metric"]
+    assert directive["Namespace"] == queried["Namespace"]
+    assert [m["Name"] for m in directive["Metrics"]] == [queried["MetricName"]]
+    assert {d: line[d] for d in directive["Dimensions"][0]} == {d["Name"]: d["Value"] for d in queried["Dimensions"]}
+    assert line[queried["MetricName"]] == [1.0]
 
 
 # ------------------------------------------------------------------------------ cost allocation

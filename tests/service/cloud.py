@@ -13,16 +13,17 @@ storm (faults off, capacity back, every event delivered, the clock past every gr
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
-from gpujobs.contract import UP_STATES, ExitCode
+from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
+from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState
@@ -81,6 +82,8 @@ class SimulatedCloud:
     reclaim_at: dict[str, datetime] = field(default_factory=dict)
     steps: dict[tuple[str, int], int] = field(default_factory=dict)
     hung: set[tuple[str, int]] = field(default_factory=set)
+    """Gangs whose trainer reports nothing more: stuck in a collective, or, hung before its first
+    heartbeat, in NCCL/EFA initialisation. Every other live gang heartbeats on each tick."""
     refused: set[tuple[str, str, str]] = field(default_factory=set)
     seen_state: dict[str, str] = field(default_factory=dict)
     terminal: dict[str, JobState] = field(default_factory=dict)
@@ -222,7 +225,7 @@ class SimulatedCloud:
                     self.shut_down(iid)
             if heartbeats:
                 for gang in self.gangs():
-                    if gang not in self.hung and gang in self.steps:
+                    if gang not in self.hung:
                         self.attempt(lambda g=gang: self._handle(Delivery("heartbeat", (*g, self.progress(g, 10)))))
             if self.now - self.last_reconcile >= RECONCILE_EVERY:
                 self.reconcile()
@@ -260,6 +263,14 @@ class SimulatedCloud:
             if event.source is not None and event.source.is_terminal:
                 problems.append(f"{event.job_id} published {event.source} -> {event.target}")
         self.published = len(self.world.publisher.events)
+        noted = Counter(
+            (n["job_id"], n["attempt"]) for kind, n in self.world.publisher.notices if kind == IDLE_DETECTION_OFF
+        )
+        problems += [
+            f"{job_id}: attempt {n} told {c} times that idle detection is off"
+            for (job_id, n), c in noted.items()
+            if c > 1
+        ]
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         return problems
@@ -367,8 +378,16 @@ class SimulatedCloud:
         missing = [i for i in attempt.instance_ids if i not in up]
         if missing:
             return f"recorded instances {missing} are gone"
+        if spec.checkpoint.takes_checkpoint_requests and attempt.last_heartbeat_at is None:
+            silent = self.now - attempt.started_at
+            if silent > spec.trainer.first_heartbeat + 2 * RECONCILE_EVERY:
+                return f"no first heartbeat for {silent}, yet not judged hung"
         if spec.gpus_per_node > 0:
             lacking = [i for i in attempt.instance_ids if i not in self.world.alarms.alarms]
             if lacking:
                 return f"no idle alarm for {lacking}"
+            silent = [i for i in attempt.instance_ids if self.world.alarms.datapoints.get(i) is False]
+            overdue = self.now - attempt.started_at > GPU_METRIC_GRACE + RECONCILE_EVERY
+            if silent and overdue and attempt.idle_detection_off_at is None:
+                return f"{silent} fed no GPU metric, yet the job was never told its idle detection is off"
         return None

@@ -110,6 +110,13 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         if alarms:
             self.cloud.idle_alarm(alarms[which % len(alarms)])
 
+    @rule(which=pick)
+    def gpu_metric_never_arrives(self, which: int) -> None:
+        """The CloudWatch agent of one instance publishes nothing: its alarm sees no datapoint."""
+        alarms = sorted(self.cloud.world.alarms.alarms)
+        if alarms:
+            self.cloud.world.alarms.silent(alarms[which % len(alarms)])
+
     # ---- trainers -----------------------------------------------------------------------------
     @rule(which=pick, by=st.integers(1, 50))
     def heartbeat(self, which: int, by: int) -> None:
@@ -138,6 +145,8 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
 
     @rule(which=pick)
     def trainer_hangs(self, which: int) -> None:
+        """Its trainer reports nothing more: after its heartbeats began, or before the first (NCCL/EFA
+        initialisation hangs); either way the reconciler replaces the gang (`domain.hangs`)."""
         gang = self._gang(which)
         if gang:
             self.cloud.hung.add(gang)

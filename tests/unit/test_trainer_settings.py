@@ -8,6 +8,7 @@ launcher renders and the environment the bootstrap builds, to what `gpujobs_trai
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -74,6 +75,7 @@ def test_every_setting_written_in_the_spec_is_what_the_trainer_reads() -> None:
     assert config.heartbeat_seconds == 30
     assert env["GPUJOBS_LOG_LEVEL"] == "debug"
     assert "heartbeat_overdue_minutes" not in TRAINER_SETTING_VARIABLES  # the control plane's, not the trainer's
+    assert "first_heartbeat_minutes" not in TRAINER_SETTING_VARIABLES
 
 
 def test_the_trainers_defaults_are_the_specs_so_a_default_needs_no_variable() -> None:
@@ -103,6 +105,12 @@ def test_the_containers_contract_wins_over_a_setting_of_the_same_name() -> None:
         ),
         ({"keep_checkpoints": 1}, "trainer.keep_checkpoints: Input should be greater than or equal to 2"),
         ({"log_level": "verbose"}, "trainer.log_level: Input should be 'debug', 'info', 'warning' or 'error'"),
+        ({"first_heartbeat_minutes": 2}, "trainer.first_heartbeat_minutes: Input should be greater than or equal to 5"),
+        ({"first_heartbeat_minutes": 30.5}, "trainer.first_heartbeat_minutes: Input should be a valid integer"),
+        (
+            {"heartbeat_seconds": 900, "heartbeat_overdue_minutes": 45, "first_heartbeat_minutes": 30},
+            "trainer: first_heartbeat_minutes (30) must span at least 3 heartbeats of heartbeat_seconds (900)",
+        ),
         (
             {"heartbeat_seconds": 600, "heartbeat_overdue_minutes": 15},
             "trainer: heartbeat_overdue_minutes (15) must span at least 3 heartbeats of heartbeat_seconds (600)",
@@ -114,3 +122,11 @@ def test_a_bad_setting_is_refused_naming_it(trainer: dict[str, Any], problem: st
         validate_spec({**BASE, "trainer": trainer})
 
     assert any(p.startswith(problem) for p in refused.value.problems), refused.value.problems
+
+
+def test_the_default_first_heartbeat_limit_stretches_to_a_long_heartbeat_period() -> None:
+    """A spec written before the field existed, with a long period, stays valid and is not cut short."""
+    long_period = validate_spec({**BASE, "trainer": {"heartbeat_seconds": 1200, "heartbeat_overdue_minutes": 60}})
+
+    assert TrainerSettings().first_heartbeat == timedelta(minutes=30)
+    assert long_period.trainer.first_heartbeat == timedelta(minutes=60)

@@ -2,7 +2,9 @@
 
 Rank 0 reports a `Training Heartbeat` (step and rate) from the step boundary, at most every
 `GPUJOBS_HEARTBEAT_SECONDS`. The reconciler calls a trainer hung once no heartbeat came for the
-job's `trainer.heartbeat_overdue_minutes` and replaces its gang. A healthy job can spend longer
+job's `trainer.heartbeat_overdue_minutes` (or, for an attempt's first heartbeat, which the first
+step boundary sends, `trainer.first_heartbeat_minutes` after the attempt started) and replaces
+its gang. A healthy job can spend longer
 than that between two step boundaries: an evaluation over a large set, a blocking save, a
 recompile. Inside ``run.busy()`` a keep-alive thread goes on reporting every period, with the step
 unchanged and the block's label as ``busy``, so such a phase is not taken for a hang; the step

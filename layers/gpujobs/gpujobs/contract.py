@@ -178,6 +178,8 @@ CONTROL_PLANE_SOURCE = "gpujobs"
 JOB_STATE_CHANGE = "GPU Job State Change"
 BUDGET_WARNING = "GPU Budget Warning"
 BUDGET_HOLD = "GPU Budget Hold"
+IDLE_DETECTION_OFF = "GPU Idle Detection Off"
+"""A running job's idle alarms get no GPU metric (`domain.idle_detection`): an idle GPU would not be stopped."""
 
 TRAINER_SOURCE = "gpujobs.trainer"
 """What the training container reports."""

@@ -4,11 +4,14 @@
 `aggregation_dimensions [["InstanceId"]]`, which publishes `CWAgent / nvidia_smi_utilization_gpu`
 with exactly the `InstanceId` dimension an alarm must match. Alarms carry no actions: their state
 change reaches the control plane through an EventBridge rule on the name prefix, which checkpoints
-before anything is stopped. Missing data is not breaching, so a silent agent never reads as idle.
+before anything is stopped. Missing data is not breaching, so a silent agent never reads as idle
+(the alarm goes `OK` on no data at all, and its reason data lists no `recentDatapoints`: how the
+reconciler tells a job that its idle detection is off, `domain.idle_detection`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -16,6 +19,7 @@ if TYPE_CHECKING:
     from types_boto3_cloudwatch import CloudWatchClient
 
 from gpujobs.contract import JOB_TAG, STACK_TAG, idle_alarm_name
+from gpujobs.service.ports import IdleAlarmState
 
 PERIOD_SECONDS = 60
 
@@ -53,10 +57,30 @@ class CloudWatchIdleAlarms:
             self._cw.delete_alarms(AlarmNames=names[start : start + 100])
 
     def instance_ids(self) -> list[str]:
-        prefix = idle_alarm_name(self._stack, "i-")
-        ids: list[str] = []
+        return [alarm.instance_id for alarm in self.states()]
+
+    def states(self) -> list[IdleAlarmState]:
+        prefix, named = idle_alarm_name(self._stack, "i-"), idle_alarm_name(self._stack, "")
+        found: list[IdleAlarmState] = []
         for page in self._cw.get_paginator("describe_alarms").paginate(
             AlarmNamePrefix=prefix, AlarmTypes=["MetricAlarm"]
         ):
-            ids += [a["AlarmName"].removeprefix(idle_alarm_name(self._stack, "")) for a in page.get("MetricAlarms", [])]
-        return ids
+            found += [
+                IdleAlarmState(
+                    instance_id=alarm["AlarmName"].removeprefix(named),
+                    state=alarm.get("StateValue", "INSUFFICIENT_DATA"),
+                    had_datapoints=_had_datapoints(alarm.get("StateReasonData")),
+                )
+                for alarm in page.get("MetricAlarms", [])
+            ]
+        return found
+
+
+def _had_datapoints(reason_data: str | None) -> bool | None:
+    """`recentDatapoints` of an evaluated alarm's reason data; None when it was never evaluated or
+    the data is not what CloudWatch writes (judged unknown, never as silent)."""
+    try:
+        points = json.loads(reason_data)["recentDatapoints"] if reason_data else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return bool(points) if isinstance(points, list) else None

@@ -64,6 +64,27 @@ class Launch:
 
 Effect = Terminate | Stop | TerminateJobInstances | CreateAlarms | DeleteAlarms | SignalCheckpoint | Launch
 
+EFFECTS_FAILED = "EffectsFailed"
+"""The metric a failed effect is counted in (dimension `Effect`: the AWS call that failed)."""
+
+
+def aws_call_of(effect: Effect) -> str | None:
+    """The AWS call an effect stands for: the `Effect` dimension of `EFFECTS_FAILED` (EffectsFailedAlarm
+    sums one series per name). None for a launch, which the launcher carries out and records itself."""
+    match effect:
+        case Terminate() | TerminateJobInstances():
+            return "Terminate"
+        case Stop():
+            return "Stop"
+        case CreateAlarms():
+            return "PutMetricAlarm"
+        case DeleteAlarms():
+            return "DeleteAlarms"
+        case SignalCheckpoint():
+            return "SendCommand"
+        case Launch():
+            return None
+
 
 class Outcome(StrEnum):
     """What a decision did, for logs and metrics. The `IGNORED` ones wrote nothing to the record
@@ -80,6 +101,7 @@ class Outcome(StrEnum):
     NOTHING_TO_DECIDE = "nothing to decide yet"
     STOP_REQUESTED = "stop requested"
     IDLE_RECORDED = "idle recorded (action ignore)"
+    IDLE_DETECTION_OFF = "idle detection off: no GPU metric (noted)"
     LAUNCH_CLAIMED = "launch claimed"
     LAUNCH_HELD = "held by the budget"
     LAUNCHED = "instances launched"

@@ -114,6 +114,8 @@ class Attempt(_Frozen):
     last_heartbeat_at: datetime | None = None
     heartbeat_step: int | None = None
     checkpoint_signalled_at: datetime | None = None
+    idle_detection_off_at: datetime | None = None
+    """When the reconciler found this attempt's idle alarms fed no GPU metric (`domain.idle_detection`)."""
 
     @property
     def all_gone(self) -> bool:

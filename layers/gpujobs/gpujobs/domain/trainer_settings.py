@@ -6,9 +6,11 @@ into the run document as variables (`TrainerSettings.environment`), the bootstra
 container beside the rest of its contract, and `gpujobs_trainer.config` reads them. Each default is
 the trainer's own default, so a spec without the section trains exactly as before.
 
-`heartbeat_overdue_minutes` stays with the control plane: it is how long the reconciler waits for
-a heartbeat before it calls the trainer hung (`domain.hangs`). It must leave room for several
-heartbeats, or a healthy job would be replaced between two of them.
+`heartbeat_overdue_minutes` and `first_heartbeat_minutes` stay with the control plane: how long the
+reconciler waits for the next heartbeat, and for an attempt's first, before it calls the trainer
+hung (`domain.hangs`). The first must leave room for several heartbeats, or a healthy job would be
+replaced between two of them; the second for boot, the image pull, the process group's start and
+the first step (a compile included).
 """
 
 from __future__ import annotations
@@ -61,20 +63,40 @@ class TrainerSettings(BaseModel):
         description="minutes without a heartbeat after which a running trainer counts as hung and its "
         "instances are replaced",
     )
+    first_heartbeat_minutes: StrictInt = Field(
+        default=30,
+        ge=5,
+        le=1440,
+        description="minutes after an attempt starts within which its trainer must report its first heartbeat, "
+        "or it counts as hung (stuck before training: NCCL/EFA initialisation) and its instances are replaced",
+    )
     log_level: LogLevel = LogLevel.INFO
 
     @model_validator(mode="after")
-    def _overdue_spans_several_heartbeats(self) -> TrainerSettings:
-        if self.heartbeat_overdue_minutes * 60 < HEARTBEATS_PER_OVERDUE_LIMIT * self.heartbeat_seconds:
-            raise ValueError(
-                f"heartbeat_overdue_minutes ({self.heartbeat_overdue_minutes}) must span at least "
-                f"{HEARTBEATS_PER_OVERDUE_LIMIT} heartbeats of heartbeat_seconds ({self.heartbeat_seconds})"
-            )
+    def _limits_span_several_heartbeats(self) -> TrainerSettings:
+        """The first heartbeat comes one period after the trainer starts: a limit set shorter than a
+        few periods would replace a healthy job. The default first-heartbeat limit is not refused
+        with a long period (a spec valid before the field existed stays valid); it stretches."""
+        limits = {"heartbeat_overdue_minutes": self.heartbeat_overdue_minutes}
+        if "first_heartbeat_minutes" in self.model_fields_set:
+            limits["first_heartbeat_minutes"] = self.first_heartbeat_minutes
+        for name, minutes in limits.items():
+            if minutes * 60 < HEARTBEATS_PER_OVERDUE_LIMIT * self.heartbeat_seconds:
+                raise ValueError(
+                    f"{name} ({minutes}) must span at least "
+                    f"{HEARTBEATS_PER_OVERDUE_LIMIT} heartbeats of heartbeat_seconds ({self.heartbeat_seconds})"
+                )
         return self
 
     @property
     def heartbeat_overdue(self) -> timedelta:
         return timedelta(minutes=self.heartbeat_overdue_minutes)
+
+    @property
+    def first_heartbeat(self) -> timedelta:
+        """`first_heartbeat_minutes`, never shorter than the heartbeats the overdue limit spans."""
+        periods = timedelta(seconds=HEARTBEATS_PER_OVERDUE_LIMIT * self.heartbeat_seconds)
+        return max(timedelta(minutes=self.first_heartbeat_minutes), periods)
 
     def environment(self) -> dict[str, str]:
         """The settings that differ from their defaults, as the trainer reads them: one `GPUJOBS_*`

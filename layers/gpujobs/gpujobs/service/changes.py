@@ -5,8 +5,10 @@ version read. A lost race (another writer, or DynamoDB's TransactionConflict) is
 fresh record after a backoff with full jitter, enough times to outlast a 64-node gang reporting
 its exits in the same instant. Every transition the write made is published before any effect is
 tried, so an effect that fails never hides a state change. `Actuator` then carries out the
-effects one by one: a failure is logged and left to the next decision, which derives the same
-effect from the record again (level-triggered), never swallowed by a record that says "done".
+effects one by one: a failure is logged, counted in `EffectsFailed` by the AWS call that failed
+(alarmed: an instance may be left running or unwatched) and left to the next decision, which
+derives the same effect from the record again (level-triggered), never swallowed by a record that
+says "done".
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpujobs.domain.effects import (
+    EFFECTS_FAILED,
     CreateAlarms,
     Decision,
     DeleteAlarms,
@@ -25,9 +28,10 @@ from gpujobs.domain.effects import (
     Stop,
     Terminate,
     TerminateJobInstances,
+    aws_call_of,
 )
 from gpujobs.domain.job import Job
-from gpujobs.domain.job_metrics import metrics_of_change
+from gpujobs.domain.job_metrics import JobMetric, metrics_of_change
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
     Backoff,
@@ -109,6 +113,17 @@ class Actuator:
                 self._one(effect)
             except Exception:
                 log.warning("effect %s failed; the next decision issues it again", effect, exc_info=True)
+                self._count_failure(effect)
+
+    def _count_failure(self, effect: Effect) -> None:
+        """One `EffectsFailed` datapoint per failed effect; a recorder that fails too is only logged."""
+        call, recorder = aws_call_of(effect), self.ports.metrics
+        if call is None or recorder is None:
+            return
+        try:
+            recorder.record([JobMetric(EFFECTS_FAILED, 1.0, (("Effect", call),))])
+        except Exception:
+            log.exception("could not count the failed effect %s", call)
 
     def _one(self, effect: Effect) -> None:
         compute, alarms = self.ports.compute, self.ports.alarms

@@ -214,6 +214,18 @@ class Signaller(Protocol):
         """Ask the training container to save a checkpoint now and keep training (SIGUSR1)."""
 
 
+@dataclass(frozen=True)
+class IdleAlarmState:
+    """One idle alarm as CloudWatch last evaluated it (DescribeAlarms)."""
+
+    instance_id: str
+    state: str
+    """`OK`, `ALARM` or `INSUFFICIENT_DATA` (StateValue)."""
+    had_datapoints: bool | None
+    """Whether its last evaluation saw any GPU datapoint (StateReasonData's `recentDatapoints`);
+    None when it has not been evaluated yet (no reason data: "Unchecked: Initial alarm creation")."""
+
+
 class IdleAlarms(Protocol):
     def create(self, *, job_id: str, instance_ids: Sequence[str], below_percent: float, minutes: int) -> None:
         """One GPU-idle alarm per instance (CWAgent nvidia_smi_utilization_gpu by InstanceId)."""
@@ -221,7 +233,11 @@ class IdleAlarms(Protocol):
     def delete(self, *, instance_ids: Sequence[str]) -> None: ...
 
     def instance_ids(self) -> list[str]:
-        """The instances that have an idle alarm of this stack (the reconciler's sweep)."""
+        """The instances that have an idle alarm of this stack."""
+
+    def states(self) -> list[IdleAlarmState]:
+        """Every idle alarm of this stack with its last evaluation (the reconciler's sweep: one
+        paginated DescribeAlarms, the call `instance_ids` makes)."""
 
 
 class BudgetBook(Protocol):

@@ -11,9 +11,9 @@ A run works in order of what a lost minute costs most:
    only when the period rolls over), and the holds in force are read once for the run.
 2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
    that was still launching when the alert came is asked to stop once it runs), runtime and cost
-   caps, a deadline's move to the market it needs (`domain.deadline`), overdue heartbeats, then the
-   attempt is settled. A job between attempts that still holds
-   an unfinished one (interrupted just before a hold sent it back to the queue) has it settled too.
+   caps, a deadline's move to the market it needs (`domain.deadline`), overdue or missing first
+   heartbeats, then the attempt is settled. A job between attempts that still holds an unfinished
+   one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
    its job agrees: a live gang is never killed from a stale view. Then the security groups of jobs
@@ -26,7 +26,8 @@ A run works in order of what a lost minute costs most:
 It is also where level-triggered effects converge: each tick settles every RUNNING job, which
 issues a due policy stop again while its instances live; records instances EC2 shows stopping or
 stopped (a lost `stopped` event); recreates the idle alarms a RUNNING GPU job lacks and deletes
-those of attempts that are over. The stopped instances of a job that ended STOPPED are kept on
+those of attempts that are over; notes, once per attempt, a job whose idle alarms get no GPU
+metric (`domain.idle_detection`). The stopped instances of a job that ended STOPPED are kept on
 purpose (an on-demand policy stop stops rather than terminates, so the disk stays for inspection
 and costs only its EBS volume); the orphan sweep leaves them alone, and a cancel message for the
 STOPPED job terminates them.
@@ -40,18 +41,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from gpujobs.contract import GONE_STATES, STOPPED_STATES, UP_STATES
+from gpujobs.contract import GONE_STATES, IDLE_DETECTION_OFF, STOPPED_STATES, UP_STATES
 from gpujobs.domain import decisions
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
-from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, live_instances
+from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, Terminate, live_instances
 from gpujobs.domain.gangs import overdue_survivors
-from gpujobs.domain.hangs import hung_instances
+from gpujobs.domain.hangs import hang_of
+from gpujobs.domain.idle_detection import note_idle_detection_off
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
 from gpujobs.service.jobs import JobService
-from gpujobs.service.ports import JobNotFoundError, Ports, TaggedInstance
+from gpujobs.service.ports import IdleAlarmState, JobNotFoundError, Ports, TaggedInstance
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.repairs import ReconcileReport, Repair
 
@@ -91,7 +93,9 @@ class Reconciler:
             log.exception("sweeping placement groups failed")
             report.count(Repair.ERRORS)
 
-        alarmed = self._alarmed_instances()
+        alarms = self._idle_alarms()
+        alarmed = None if alarms is None else {a.instance_id for a in alarms}
+        silent = frozenset(a.instance_id for a in alarms or () if a.had_datapoints is False)
         watched: set[str] = set()
         for job in active.values():
             self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
@@ -101,7 +105,7 @@ class Reconciler:
                     report,
                     lambda j: watched.update(
                         self._repair_running(
-                            j, live=by_job[j.job_id], now=now, holds=holds, alarmed=alarmed, report=report
+                            j, live=by_job[j.job_id], now=now, holds=holds, alarms=(alarmed, silent), report=report
                         )
                     ),
                 )
@@ -129,11 +133,11 @@ class Reconciler:
                     active[job.job_id] = job
         return active
 
-    def _alarmed_instances(self) -> set[str] | None:
-        """The instances with an idle alarm; None when they cannot be listed now (the alarm repairs
-        wait for the next tick, every other repair goes ahead)."""
+    def _idle_alarms(self) -> list[IdleAlarmState] | None:
+        """The idle alarms and their last evaluations; None when they cannot be listed now (the
+        alarm repairs wait for the next tick, every other repair goes ahead)."""
         try:
-            return set(self.ports.alarms.instance_ids())
+            return self.ports.alarms.states()
         except Exception:
             log.exception("could not list the idle alarms")
             return None
@@ -155,10 +159,12 @@ class Reconciler:
         live: list[TaggedInstance],
         now: datetime,
         holds: list[BudgetPolicy],
-        alarmed: set[str] | None,
+        alarms: tuple[set[str] | None, frozenset[str]],
         report: ReconcileReport,
     ) -> set[str]:
-        """Repair one RUNNING job; returns the instances whose idle alarms it wants kept."""
+        """Repair one RUNNING job; returns the instances whose idle alarms it wants kept. `alarms`:
+        the instances with an idle alarm (None: unknown this tick), and those fed no GPU metric."""
+        alarmed, silent = alarms
         reactions = self.reactions
         self._record_lost_state_changes(job, live, report)
         current = self.ports.store.get(job.job_id)
@@ -172,7 +178,35 @@ class Reconciler:
         settled = reactions.settle(job.job_id)
         if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
             report.count(Repair.ATTEMPTS_SETTLED)
-        return self._ensure_alarms(settled.job or current, alarmed, report)
+        now_job = settled.job or current
+        if silent.intersection(now_job.instance_ids):
+            self._note_idle_detection_off(now_job.job_id, silent, report)
+        return self._ensure_alarms(now_job, alarmed, report)
+
+    def _note_idle_detection_off(self, job_id: str, silent: frozenset[str], report: ReconcileReport) -> None:
+        """Tell the user, once per attempt, that an instance's idle alarm gets no GPU metric
+        (`domain.idle_detection`): in the job's status, and as a `GPU Idle Detection Off` event."""
+        clock = self.ports.clock
+        applied = self.jobs.change(job_id, lambda j: note_idle_detection_off(j, silent=silent, now=clock.now()))
+        if applied.decision.outcome is not Outcome.IDLE_DETECTION_OFF:
+            return
+        report.count(Repair.IDLE_DETECTION_OFF_NOTED)
+        job, attempt = applied.after, applied.after.current_attempt
+        log.warning("%s: %s", job_id, applied.decision.detail)
+        try:
+            self.ports.publisher.publish_notice(
+                IDLE_DETECTION_OFF,
+                {
+                    "job_id": job_id,
+                    "name": job.name,
+                    "team": job.team,
+                    "attempt": attempt.number if attempt else None,
+                    "instance_ids": sorted(silent.intersection(job.instance_ids)),
+                    "detail": applied.decision.detail,
+                },
+            )
+        except Exception:
+            log.exception("could not publish %s for %s", IDLE_DETECTION_OFF, job_id)
 
     def _record_lost_state_changes(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
         still_up = {i.instance_id for i in live if i.state not in GONE_STATES}
@@ -234,17 +268,16 @@ class Reconciler:
             survivors = overdue_survivors(attempt, now=now)
             if survivors:
                 log.warning("%s: attempt %d was reclaimed; terminating %s", job.job_id, attempt.number, survivors)
-                self.ports.compute.terminate(list(survivors))
+                self.jobs.carry_out([Terminate(tuple(survivors))])
                 report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
     def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
-        """A trainer that reported heartbeats and then went silent for longer than its job allows
-        is hung (`domain.hangs`): replace its gang."""
-        live = hung_instances(job, now=now)
-        if live:
-            limit = job.require_spec().trainer.heartbeat_overdue
-            log.warning("%s: no heartbeat for over %s; terminating %s", job.job_id, limit, live)
-            self.ports.compute.terminate(list(live))
+        """A trainer whose heartbeats stopped, or never started, for longer than its job allows is
+        hung (`domain.hangs`): replace its gang."""
+        hang = hang_of(job, now=now)
+        if hang is not None:
+            log.warning("%s: %s; terminating %s", job.job_id, hang.why, hang.instance_ids)
+            self.jobs.carry_out([Terminate(hang.instance_ids)])
             report.count(Repair.HUNG_ATTEMPTS_TERMINATED)
 
     def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:
@@ -302,7 +335,7 @@ class Reconciler:
             orphans += confirmed
         if orphans:
             log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)
-            self.ports.compute.terminate(orphans)
+            self.jobs.carry_out([Terminate(tuple(orphans))])
             report.count(Repair.ORPHANS_TERMINATED, len(orphans))
 
     def _sweep_placement_groups(self, active: dict[str, Job], report: ReconcileReport) -> None:

@@ -20,6 +20,7 @@ class Repair(StrEnum):
     LOST_STATE_CHANGES_REPAIRED = "lost state changes repaired"
     IDLE_ALARMS_RECREATED = "idle alarms recreated"
     IDLE_ALARMS_DELETED = "idle alarms deleted"
+    IDLE_DETECTION_OFF_NOTED = "idle detection off noted"
     RECLAIMED_SURVIVORS_TERMINATED = "reclaimed survivors terminated"
     HUNG_ATTEMPTS_TERMINATED = "hung attempts terminated"
     BUDGET_HOLDS_ENFORCED = "budget holds enforced"
