@@ -6,11 +6,17 @@ hostile: shown through `printable`, and downloaded only when it names a plain re
 stays inside the target folder (no `..`, no absolute path, no symlink already in the folder leading
 out). A download writes nothing when it would overwrite a file, unless `--force`; an unsafe key is
 skipped with a warning and makes the command exit 1.
+
+Keys a filesystem cannot hold are skipped the same way, each named with why, and the rest still
+downloaded: a path component over `NAME_MAX` bytes (S3 allows 1024-byte keys with no limit per
+component), a key that is also the folder of another (`a` and `a/b`: S3 has no folders, a disk
+cannot hold both), and whatever else the disk refuses for one file (a file in the way of a folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -57,6 +63,27 @@ def safe_target(root: Path, key: str) -> Path | None:
     return target if target.resolve().is_relative_to(root.resolve()) else None
 
 
+NAME_MAX = 255
+"""Bytes in one path component on ext4, xfs, btrfs and APFS (NTFS: 255 UTF-16 units)."""
+
+
+def unwritable(key: str, keys: frozenset[str]) -> str | None:
+    """Why `key` (a safe one) cannot be a file on disk beside the other `keys`, or None."""
+    for part in key.split("/"):
+        if len(part.encode()) > NAME_MAX:
+            return f"a path component of {len(part.encode())} bytes, more than a file name may have ({NAME_MAX})"
+    if key in _folders(keys):
+        inside = min(k for k in keys if k.startswith(key + "/"))
+        return f"it is also the folder of '{printable(inside)}': a disk cannot hold both"
+    return None
+
+
+@functools.cache
+def _folders(keys: frozenset[str]) -> frozenset[str]:
+    """Every folder the keys need (`a/b/c` needs `a` and `a/b`), once per download."""
+    return frozenset(key[:i] for key in keys for i, c in enumerate(key) if c == "/")
+
+
 def human_size(size: int) -> str:
     """`512 B`, `2.9 KiB`, `412.0 MiB`, ... (binary units, one decimal)."""
     value, unit = float(size), "B"
@@ -92,11 +119,13 @@ def cmd_download(args: argparse.Namespace) -> int:
     root = Path(args.dir if args.dir is not None else args.job_id)
     planned: list[tuple[Artifact, Path]] = []
     refused = 0
+    keys = frozenset(a.key for a in artifacts)
     for artifact in artifacts:
         target = safe_target(root, artifact.key)
-        if target is None:
+        why = f"not a path inside {root}" if target is None else unwritable(artifact.key, keys)
+        if target is None or why is not None:
             refused += 1
-            print(f"gpujobs: skipping {printable(artifact.key)!r}: not a path inside {root}", file=sys.stderr)
+            _skipping(artifact, why)
         else:
             planned.append((artifact, target))
     existing = [str(target) for _, target in planned if target.exists() or target.is_symlink()]
@@ -104,14 +133,27 @@ def cmd_download(args: argparse.Namespace) -> int:
         shown = ", ".join(printable(p) for p in existing[:5]) + (" ..." if len(existing) > 5 else "")
         raise CommandError(f"{len(existing)} file(s) already exist ({shown}); pass --force to overwrite them")
     s3, bucket, prefix = resources.client("s3"), resources.values[BUCKET], outputs_prefix(args.job_id)
+    downloaded = 0
     for number, (artifact, target) in enumerate(planned, start=1):
         print(f"[{number}/{len(planned)}] {printable(artifact.key)} ({human_size(artifact.size)})", file=sys.stderr)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink():
-            target.unlink()  # --force replaces the link, never writes through it
-        s3.download_file(bucket, prefix + artifact.key, str(target))
-    print(f"downloaded {len(planned)} file(s) to {printable(str(root))}", file=sys.stderr)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_symlink():
+                target.unlink()  # --force replaces the link, never writes through it
+            s3.download_file(bucket, prefix + artifact.key, str(target))
+        except OSError as exc:  # this file only: a file where a folder must be, a name the disk refuses
+            refused += 1
+            _skipping(artifact, f"the disk refused it ({exc.strerror or exc})")
+        else:
+            downloaded += 1
+    print(f"downloaded {downloaded} file(s) to {printable(str(root))}", file=sys.stderr)
+    if refused:
+        print(f"gpujobs: skipped {refused} key(s); see above", file=sys.stderr)
     return EXIT_FAILED if refused else EXIT_OK
+
+
+def _skipping(artifact: Artifact, why: str | None) -> None:
+    print(f"gpujobs: skipping '{printable(artifact.key)}': {why}", file=sys.stderr)
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -115,8 +115,10 @@ _COMMANDS = {
     "download": (
         "download a job's outputs",
         "Download every file of a job's outputs into DIR (default: ./<job-id>), keeping their folders.\n"
-        "Refuses to overwrite an existing file unless --force; a key that is not a plain path inside\n"
-        "DIR is skipped with a warning (exit 1). Progress goes to stderr.",
+        "Refuses to overwrite an existing file unless --force. A key that is not a plain path inside\n"
+        "DIR, or that no disk can hold (a name over 255 bytes, a key that is also another's folder:\n"
+        "`a` beside `a/b`), is skipped with a line naming it and why; the rest are downloaded and the\n"
+        "command exits 1 when anything was skipped. Progress goes to stderr.",
         "examples:\n  gpujobs download j-0123456789abcdef\n  gpujobs download j-0123456789abcdef ./results --force",
     ),
     "dashboard": (

@@ -171,3 +171,69 @@ def test_download_refuses_keys_that_lead_out_of_the_folder(
     assert err.count("skipping") == 5
     assert all(c == "\n" or c.isprintable() for c in err), repr(err)
     assert os.path.islink(results / "through-link")
+
+
+def test_download_skips_keys_no_disk_can_hold_naming_each_and_fetches_the_rest(
+    outputs: Outputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """S3 keys may be 1024 bytes with no limit per component and need no folders; a disk allows 255
+    bytes per name and cannot hold `a` both as a file and as the folder of `a/b`."""
+    outputs.add_job()
+    long_name = "x" * 300
+    outputs.put(f"{long_name}.txt", b"too long")
+    outputs.put(f"deep/{long_name}/file.txt", b"too long a folder")
+    outputs.put("a", b"a file")
+    outputs.put("a/b", b"a file in the folder a")
+    outputs.put("fine.txt", b"ok")
+    results = tmp_path / "results"
+
+    code = main(["download", JOB, str(results)])
+
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Traceback" not in err
+    assert (results / "fine.txt").read_bytes() == b"ok"
+    assert (results / "a" / "b").read_bytes() == b"a file in the folder a"
+    assert sorted(str(p.relative_to(results)) for p in results.rglob("*")) == ["a", "a/b", "fine.txt"]
+    skipped = [line for line in err.splitlines() if line.startswith("gpujobs: skipping ")]
+    assert len(skipped) == 3, err
+    assert any(f"'{long_name}.txt': a path component of 304 bytes" in line for line in skipped)
+    assert any(f"'deep/{long_name}/file.txt': a path component of 300 bytes" in line for line in skipped)
+    assert any(line.startswith("gpujobs: skipping 'a': it is also the folder of 'a/b'") for line in skipped)
+    assert "downloaded 2 file(s)" in err
+    assert "skipped 3 key(s)" in err
+
+
+def test_download_skips_a_key_whose_folder_is_a_file_on_disk_and_fetches_the_rest(
+    outputs: Outputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs.add_job()
+    outputs.put("report/summary.txt", b"summary")
+    outputs.put("fine.txt", b"ok")
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "report").write_text("a file of mine where the job has a folder")
+
+    code = main(["download", JOB, str(results)])
+
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Traceback" not in err
+    assert (results / "fine.txt").read_bytes() == b"ok"
+    assert (results / "report").read_text() == "a file of mine where the job has a folder"
+    assert "gpujobs: skipping 'report/summary.txt': the disk refused it" in err
+
+
+def test_download_shows_a_key_with_a_bidi_override_spelled_out(
+    outputs: Outputs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outputs.add_job()
+    outputs.put("report\u202egnp.exe", b"x")
+    outputs.put("fine.txt", b"ok")
+
+    code = main(["download", JOB, str(tmp_path / "results")])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "report\\u202egnp.exe" in err
+    assert all(c == "\n" or c.isprintable() for c in err), repr(err)

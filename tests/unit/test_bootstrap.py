@@ -47,6 +47,7 @@ from gpujobs.instance.userdata import (
     render_user_data,
     unpack_bootstrap,
 )
+from gpujobs.instance.workload_env import container_env
 from tests.conftest import BootstrapPython
 from tests.iam.recorder import RECORDER
 from tests.unit.fake_imds import FakeImds
@@ -753,6 +754,73 @@ def test_docker_gets_the_workload_env_only_through_its_env_file_never_its_own_en
     assert run["env_file"] == "GODEBUG=http2debug=2\nGPUJOBS_JOB_ID=job/7\n"
     assert run["env"] == {}
     assert "http2debug" not in json.dumps([login["argv"], pull["argv"], run["argv"]])
+
+
+WHOLE_ENV_DOCKER = """import json, os, sys
+argv = sys.argv[1:]
+env_file = argv[argv.index("--env-file") + 1] if "--env-file" in argv else ""
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(json.dumps({"argv": argv, "env": dict(os.environ), "env_file": open(env_file).read() if env_file else ""}))
+"""
+
+STEERING_ENV = {
+    "GODEBUG": "http2debug=2",
+    "GOTRACEBACK": "crash",
+    "LD_PRELOAD": "/tmp/evil.so",
+    "LD_LIBRARY_PATH": "/tmp/evil",
+    "HTTPS_PROXY": "http://attacker.example:3128",
+    "SSL_CERT_FILE": "/tmp/attacker-ca.pem",
+    "PATH": "/tmp/evil-bin",
+    "HOME": "/tmp/evil-home",
+}
+"""What would steer the root docker client (its Go runtime, its loader, its TLS, its config and
+plugins under HOME, the helpers it finds on PATH) were it in the client's own environment."""
+
+
+def test_a_job_env_that_would_steer_the_docker_client_reaches_only_the_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docker = tmp_path / "docker"
+    docker.write_text(f"#!{sys.executable}\n{WHOLE_ENV_DOCKER}")
+    docker.chmod(0o755)
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(tmp_path / "run.json"))
+    doc = rundoc.check_document(
+        {
+            "job_id": "job-7",
+            "attempt": 1,
+            "name": "n",
+            "image": "img:1",
+            "command": ["python", "train.py"],
+            "env": STEERING_ENV,
+            "checkpoint_uri": "s3://b/k",
+        }
+    )
+    env = container_env(doc, rank=0, master_addr="10.0.0.1", instance_id=INSTANCE_ID, region=REGION)
+    bootstraps_env = dict(os.environ)
+
+    runtime = runtimes.DockerRuntime(str(docker))
+    runtime.start(doc, env)
+    assert runtime.wait() == 0
+
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["env"] == bootstraps_env, "the docker client runs with the bootstrap's environment, nothing of the job's"
+    shipped = dict(line.split("=", 1) for line in run["env_file"].splitlines())
+    assert {name: shipped[name] for name in STEERING_ENV} == STEERING_ENV
+    assert not any(value in json.dumps(run["argv"]) for value in STEERING_ENV.values())
+
+
+def test_a_run_document_cannot_name_a_docker_client_variable() -> None:
+    doc = {
+        "job_id": "j",
+        "attempt": 1,
+        "name": "n",
+        "image": "img:1",
+        "command": ["python"],
+        "checkpoint_uri": "s3://b/k",
+    }
+
+    with pytest.raises(errors.BootstrapError, match="'DOCKER_HOST' is not allowed"):
+        rundoc.check_document({**doc, "env": {"DOCKER_HOST": "tcp://attacker.example:2375"}})
 
 
 def test_an_env_value_with_a_line_break_is_refused_naming_it_before_the_pull(

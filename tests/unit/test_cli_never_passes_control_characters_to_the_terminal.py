@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from gpujobs.domain.job import Job
+from gpujobs.domain.spec_errors import printable
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
 from gpujobs_cli import commands, render
+from gpujobs_cli.logs import LogLine
 from gpujobs_cli.main import main
 from tests.unit.test_spec_corpus import HOSTILE
 
@@ -93,3 +95,65 @@ def test_validate_answers_a_hostile_document_one_line_per_problem_never_a_traceb
     assert all(line.startswith(f"{path}: ") for line in lines)
     assert any(line.startswith(f"{path}: {field}: ") for line in lines)
     assert_no_control_characters(out)
+
+
+RIGHT_TO_LEFT_OVERRIDE = "\u202e"
+ISOLATES = "\u2066\u2067\u2068\u2069"
+ZERO_WIDTH_SPACE = "\u200b"
+FORMAT_CHARACTERS = (RIGHT_TO_LEFT_OVERRIDE, *ISOLATES, ZERO_WIDTH_SPACE, "\ufeff", "\U000e0001")
+
+
+def reordering_job() -> Job:
+    """A job whose text reorders or hides what a terminal shows: `report<RLO>gnp.exe` reads as
+    `reportexe.png`, a zero-width space makes two names look equal."""
+    rejected = Job.rejected(
+        job_id="j-0000000000000002",
+        problems=[f"name{RIGHT_TO_LEFT_OVERRIDE}: bad", f"env.{ISOLATES}: unknown field"],
+        excerpt="",
+        now=NOW,
+        message_id="m-2",
+    )
+    return rejected.model_copy(
+        update={
+            "name": f"report{RIGHT_TO_LEFT_OVERRIDE}gnp.exe",
+            "team": f"vision{ZERO_WIDTH_SPACE}",
+            "status_detail": f"done{ISOLATES}",
+        }
+    )
+
+
+@pytest.mark.parametrize("char", FORMAT_CHARACTERS, ids=[f"U+{ord(c):04X}" for c in FORMAT_CHARACTERS])
+def test_a_format_character_is_spelled_out_as_its_code_point(char: str) -> None:
+    shown = printable(f"a{char}b")
+
+    assert shown.isprintable()
+    assert shown == "a" + ascii(char)[1:-1] + "b"
+
+
+def test_status_spells_out_bidi_overrides_isolates_and_zero_width_spaces() -> None:
+    page = render.job_status(reordering_job())
+
+    assert_no_control_characters(page)
+    assert "report\\u202egnp.exe" in page
+    assert "vision\\u200b" in page
+    assert "env.\\u2066\\u2067\\u2068\\u2069: unknown field" in page
+
+
+def test_list_spells_out_format_characters_in_names_teams_and_details() -> None:
+    table = render.job_list([reordering_job()])
+
+    assert_no_control_characters(table)
+    assert "report\\u202egnp.exe" in table
+    assert "vision\\u200b" in table
+
+
+def test_a_log_line_with_a_bidi_override_is_spelled_out_and_its_tabs_still_become_spaces() -> None:
+    line = LogLine(timestamp=NOW, message=f"loss\t0.5 {RIGHT_TO_LEFT_OVERRIDE}dekcah")
+
+    assert line.text() == "loss    0.5 \\u202edekcah"
+
+
+def test_plain_text_in_any_script_is_shown_as_it_is() -> None:
+    text = "Größe 学習 обучение ✓ 🚀"
+
+    assert printable(text) == text

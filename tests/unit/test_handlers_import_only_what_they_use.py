@@ -38,7 +38,7 @@ import json, sys
 sys.path.insert(0, {layer!r})
 sys.path.insert(0, {function!r})
 import app
-print(json.dumps(sorted(m for m in sys.modules if m == "gpujobs" or m.startswith("gpujobs."))))
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("gpujobs", "detect_secrets"))))
 """
 
 EVERY_HANDLER = {
@@ -51,6 +51,7 @@ EVERY_HANDLER = {
     # the job record and spec every path reads, and the decisions every write path takes
     "gpujobs.domain",
     *(f"gpujobs.domain.{name}" for name in ("budget", "cost", "credentials", "decisions", "documents", "effects")),
+    "gpujobs.domain.env_secrets",  # its rules; detect-secrets itself is NOT_AT_IMPORT
     *(f"gpujobs.domain.{name}" for name in ("fate", "hardware", "job", "job_metrics", "launching", "report_auth")),
     *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states", "teams")),
     "gpujobs.domain.trainer_settings",
@@ -92,8 +93,10 @@ NOT_AT_IMPORT = {
     "gpujobs.service.reports",
     "gpujobs.domain.budget_alerts",
     "gpujobs.domain.hangs",
+    "detect_secrets",
 }
-"""Loaded by the first YAML document (submit only) or the first call of the use case that needs them."""
+"""Loaded by the first YAML document (submit only), the first submitted `env` (detect-secrets, about
+0.3 s) or the first call of the use case that needs them."""
 
 
 def loaded_by(handler: str) -> set[str]:

@@ -11,7 +11,7 @@ Whoever may send to the queue writes these documents, so reading one never fails
 with a `SpecError` whose problems are bounded (`MAX_PROBLEMS` lines of at most `MAX_PROBLEM_CHARS`):
 the parser's hazards are closed in `documents`, control characters (a NUL ends an argv string; an
 ESC drives the terminal of whoever reads the job) are refused in every string a job carries, and so
-are `env` values shaped like credentials (`credentials`), which belong in `secrets:`.
+are credentials in `env` (`env_secrets`), which belong in `secrets:`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pydantic import (
 
 from gpujobs.contract import SECRET_NAME_PREFIX
 from gpujobs.domain import documents
-from gpujobs.domain.credentials import credential_kind
+from gpujobs.domain.env_secrets import env_credential_problems
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.spec_hints import argv_form, unknown_type
 from gpujobs.domain.trainer_settings import TrainerSettings
@@ -221,14 +221,10 @@ class JobSpec(BaseModel):
 
     @field_validator("env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         bad = _name_problems(env)
         bad += [f"{k!r}: a value may not hold a line break" for k, v in env.items() if "\n" in v]  # --env-file
-        bad += [
-            f"{k!r} looks like {kind}: pass credentials with the spec's `secrets:` field, never in env"
-            for k, v in env.items()
-            if (kind := credential_kind(k, v, env)) is not None
-        ]
+        bad += env_credential_problems(env, submitted=info.context is not None)  # validate_spec's context
         if bad:
             raise ValueError("; ".join(bad))
         return env

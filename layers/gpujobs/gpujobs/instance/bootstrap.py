@@ -3,8 +3,8 @@
 The shell part of the user data is the same bytes for every job: it carries this package, bundled,
 and runs it with python3. Everything job-specific is JSON (the run document), read here as data.
 Every child process starts from an argv list, never a shell, and env values reach `docker run`
-through its environment (`-e NAME`), never argv. So no job field is ever parsed by a shell or shown
-by `ps`.
+only through its 0600 `--env-file`, never argv nor the docker client's own environment. So no job
+field is ever parsed by a shell, shown by `ps` or read by the root docker client itself.
 
 Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer checked against its SHA-256)
 -> instance facts (IMDS) -> rendezvous (rank 0's private IP is the master) -> the job role, assumed for
