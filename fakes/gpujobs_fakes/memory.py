@@ -40,6 +40,8 @@ from gpujobs.service.ports import (
     StateChanged,
     Subnet,
     TaggedInstance,
+    UnreadableJobError,
+    UnreadableObserver,
 )
 
 
@@ -72,7 +74,9 @@ class InMemoryJobStore:
     `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
     `ByState` index, which is eventually consistent: `lag_index` freezes it at a moment so that a
     test can show what a stale index read does. `on_get`, when set, runs after every read; a test
-    sleeps there to model the network time in which other writers get ahead."""
+    sleeps there to model the network time in which other writers get ahead. `make_unreadable`
+    turns a stored job into an item this release cannot read, as DynamoDB may hold one a newer
+    release wrote: `get` raises UnreadableJobError for it, and a listing skips or raises."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
@@ -81,6 +85,11 @@ class InMemoryJobStore:
         self.faults = Faults()
         self.on_get: Callable[[], None] | None = None
         self._index: dict[str, Job] | None = None
+        self._unreadable: dict[str, str] = {}
+
+    def make_unreadable(self, job_id: str, problem: str) -> None:
+        """From now on the stored item of `job_id` is one this release cannot read (`problem` says why)."""
+        self._unreadable[job_id] = problem
 
     def lag_index(self) -> None:
         """From now on, `list_by_state` answers as of this moment, until `catch_up_index`."""
@@ -102,6 +111,8 @@ class InMemoryJobStore:
             job = self._jobs[job_id]
         except KeyError:
             raise JobNotFoundError(job_id) from None
+        if job_id in self._unreadable:
+            raise UnreadableJobError(job_id, self._unreadable[job_id])
         if self.on_get:
             self.on_get()
         return job
@@ -122,13 +133,36 @@ class InMemoryJobStore:
 
     def find_by_instance(self, instance_id: str) -> Job | None:
         job_id = self._instances.get(instance_id)
-        return self._jobs[job_id] if job_id else None
+        if job_id is None:
+            return None
+        if job_id in self._unreadable:
+            raise UnreadableJobError(job_id, self._unreadable[job_id])
+        return self._jobs[job_id]
 
-    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
+    def list_by_state(
+        self,
+        state: JobState,
+        *,
+        limit: int = 100,
+        team: str | None = None,
+        on_unreadable: UnreadableObserver | None = None,
+    ) -> list[Job]:
         indexed = self._jobs if self._index is None else self._index
-        found = (j for j in indexed.values() if j.state is state and team in (None, j.team))
-        jobs = sorted(found, key=lambda j: j.updated_at, reverse=True)
-        return jobs[:limit]
+        found = sorted(
+            (j for j in indexed.values() if j.state is state and team in (None, j.team)),
+            key=lambda j: j.updated_at,
+            reverse=True,
+        )
+        jobs: list[Job] = []
+        for job in found[:limit]:
+            if job.job_id not in self._unreadable:
+                jobs.append(job)
+                continue
+            error = UnreadableJobError(job.job_id, self._unreadable[job.job_id])
+            if on_unreadable is None:
+                raise error
+            on_unreadable(error)
+        return jobs
 
 
 @dataclass
