@@ -317,14 +317,31 @@ class FixedClock:
         self.current += timedelta(**kwargs)
 
 
-@dataclass(frozen=True)
+@dataclass
 class FixedReportKeys:
-    """Report keys under a fixed stack secret (what the instances of a test hold, too)."""
+    """Report keys under a fixed stack secret (what the instances of a test hold, too). `rotate`
+    makes a new current version, the old one the previous version, accepted for `grace` after."""
 
     secret: bytes = b"a stack secret for tests"
+    previous: bytes | None = None
+    rotated_at: datetime | None = None
+    grace: timedelta = timedelta(days=7)
+
+    def rotate(self, new_secret: bytes, *, at: datetime) -> None:
+        self.previous, self.secret, self.rotated_at = self.secret, new_secret, at
 
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
         return report_key(self.secret, job_id=job_id, attempt=attempt)
+
+    def verifying_keys(self, *, job_id: str, attempt: int, now: datetime) -> list[bytes]:
+        secrets = [self.secret]
+        if self.previous is not None and self.rotated_at is not None and now < self.rotated_at + self.grace:
+            secrets.append(self.previous)
+        return [report_key(secret, job_id=job_id, attempt=attempt) for secret in secrets]
+
+    def refresh(self) -> bool:
+        """Nothing is cached here: always the versions as they are."""
+        return False
 
     def checkpoint_key_for(self, *, job_id: str) -> bytes:
         """The job's checkpoint key (`domain.report_auth.checkpoint_key`), for every attempt's run document."""

@@ -278,7 +278,15 @@ class MetricsRecorder(Protocol):
 
 class ReportKeys(Protocol):
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
-        """The attempt's report key (`domain.report_auth.report_key` under the stack's secret)."""
+        """The attempt's report key (`domain.report_auth.report_key` under the stack secret's current
+        version): what a launch hands the attempt."""
+
+    def verifying_keys(self, *, job_id: str, attempt: int, now: datetime) -> Sequence[bytes]:
+        """Every key a report of the attempt is accepted under: the current version's, and the
+        previous version's while the grace after a rotation lasts (`adapters.secrets`)."""
+
+    def refresh(self) -> bool:
+        """Read the secret again, unless it was read moments ago; True when it changed."""
 
     def checkpoint_key_for(self, *, job_id: str) -> bytes:
         """The job's checkpoint key (`domain.report_auth.checkpoint_key` under the stack's secret)."""
