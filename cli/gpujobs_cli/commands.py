@@ -31,7 +31,7 @@ from gpujobs.domain.job import Job, job_id_for
 from gpujobs.domain.spec import MAX_SPEC_BYTES, CheckpointMode, JobSpec, json_schema, load_spec, validate_spec
 from gpujobs.domain.spec_errors import SpecError, printable
 from gpujobs.domain.states import ACTIVE_STATES, JobState
-from gpujobs.service.ports import JobNotFoundError, JobStore
+from gpujobs.service.ports import JobNotFoundError, JobStore, UnreadableJobError
 from gpujobs_cli import code, render
 from gpujobs_cli.code import CodePackError
 from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_stream, failed_attempt
@@ -282,10 +282,19 @@ def _status_json(job: Job) -> dict[str, Any]:
     return _with_spend(job) | ({"deadline": deadline} if deadline is not None else {})
 
 
+def _warn_unreadable(error: UnreadableJobError) -> None:
+    """A record this CLI cannot read (a newer release's) is listed as a warning, not an exit."""
+    print(f"warning: {printable(str(error))} (upgrade the CLI)", file=sys.stderr)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     states = parse_states(args.state)
     store = _store(_discover(args, needs=(TABLE,)))
-    jobs = [job for state in states for job in store.list_by_state(state, limit=args.limit, team=args.team)]
+    jobs = [
+        job
+        for state in states
+        for job in store.list_by_state(state, limit=args.limit, team=args.team, on_unreadable=_warn_unreadable)
+    ]
     jobs.sort(key=lambda j: j.updated_at, reverse=True)
     jobs = jobs[: args.limit]
     if args.json:

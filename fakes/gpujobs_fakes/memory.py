@@ -42,6 +42,8 @@ from gpujobs.service.ports import (
     StateChanged,
     Subnet,
     TaggedInstance,
+    UnreadableJobError,
+    UnreadableObserver,
 )
 
 
@@ -74,7 +76,9 @@ class InMemoryJobStore:
     `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
     `ByState` index, which is eventually consistent: `lag_index` freezes it at a moment so that a
     test can show what a stale index read does. `on_get`, when set, runs after every read; a test
-    sleeps there to model the network time in which other writers get ahead."""
+    sleeps there to model the network time in which other writers get ahead. `make_unreadable`
+    turns a stored job into an item this release cannot read, as DynamoDB may hold one a newer
+    release wrote: `get` raises UnreadableJobError for it, and a listing skips or raises."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, Job] = {}
@@ -83,6 +87,11 @@ class InMemoryJobStore:
         self.faults = Faults()
         self.on_get: Callable[[], None] | None = None
         self._index: dict[str, Job] | None = None
+        self._unreadable: dict[str, str] = {}
+
+    def make_unreadable(self, job_id: str, problem: str) -> None:
+        """From now on the stored item of `job_id` is one this release cannot read (`problem` says why)."""
+        self._unreadable[job_id] = problem
 
     def lag_index(self) -> None:
         """From now on, `list_by_state` answers as of this moment, until `catch_up_index`."""
@@ -104,6 +113,8 @@ class InMemoryJobStore:
             job = self._jobs[job_id]
         except KeyError:
             raise JobNotFoundError(job_id) from None
+        if job_id in self._unreadable:
+            raise UnreadableJobError(job_id, self._unreadable[job_id])
         if self.on_get:
             self.on_get()
         return job
@@ -124,13 +135,36 @@ class InMemoryJobStore:
 
     def find_by_instance(self, instance_id: str) -> Job | None:
         job_id = self._instances.get(instance_id)
-        return self._jobs[job_id] if job_id else None
+        if job_id is None:
+            return None
+        if job_id in self._unreadable:
+            raise UnreadableJobError(job_id, self._unreadable[job_id])
+        return self._jobs[job_id]
 
-    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
+    def list_by_state(
+        self,
+        state: JobState,
+        *,
+        limit: int = 100,
+        team: str | None = None,
+        on_unreadable: UnreadableObserver | None = None,
+    ) -> list[Job]:
         indexed = self._jobs if self._index is None else self._index
-        found = (j for j in indexed.values() if j.state is state and team in (None, j.team))
-        jobs = sorted(found, key=lambda j: j.updated_at, reverse=True)
-        return jobs[:limit]
+        found = sorted(
+            (j for j in indexed.values() if j.state is state and team in (None, j.team)),
+            key=lambda j: j.updated_at,
+            reverse=True,
+        )
+        jobs: list[Job] = []
+        for job in found[:limit]:
+            if job.job_id not in self._unreadable:
+                jobs.append(job)
+                continue
+            error = UnreadableJobError(job.job_id, self._unreadable[job.job_id])
+            if on_unreadable is None:
+                raise error
+            on_unreadable(error)
+        return jobs
 
 
 @dataclass
@@ -285,14 +319,31 @@ class FixedClock:
         self.current += timedelta(**kwargs)
 
 
-@dataclass(frozen=True)
+@dataclass
 class FixedReportKeys:
-    """Report keys under a fixed stack secret (what the instances of a test hold, too)."""
+    """Report keys under a fixed stack secret (what the instances of a test hold, too). `rotate`
+    makes a new current version, the old one the previous version, accepted for `grace` after."""
 
     secret: bytes = b"a stack secret for tests"
+    previous: bytes | None = None
+    rotated_at: datetime | None = None
+    grace: timedelta = timedelta(days=7)
+
+    def rotate(self, new_secret: bytes, *, at: datetime) -> None:
+        self.previous, self.secret, self.rotated_at = self.secret, new_secret, at
 
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
         return report_key(self.secret, job_id=job_id, attempt=attempt)
+
+    def verifying_keys(self, *, job_id: str, attempt: int, now: datetime) -> list[bytes]:
+        secrets = [self.secret]
+        if self.previous is not None and self.rotated_at is not None and now < self.rotated_at + self.grace:
+            secrets.append(self.previous)
+        return [report_key(secret, job_id=job_id, attempt=attempt) for secret in secrets]
+
+    def refresh(self) -> bool:
+        """Nothing is cached here: always the versions as they are."""
+        return False
 
     def checkpoint_key_for(self, *, job_id: str) -> bytes:
         """The job's checkpoint key (`domain.report_auth.checkpoint_key`), for every attempt's run document."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+import boto3
 import pytest
 
+from gpujobs.adapters.dynamodb import job_item
 from gpujobs.domain.job import Attempt, Job, Market
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
@@ -70,3 +72,20 @@ def test_status_json_carries_the_cost_so_far(env_stack: Stack, capsys: pytest.Ca
     assert printed["spend"]["cost_usd"] > 0
     assert printed["spend"]["estimated"] is False
     assert printed["spend"]["paid_gpu_hours"] is None  # only once the job has ended
+
+
+def test_list_warns_of_a_record_this_cli_cannot_read_and_lists_the_rest(
+    env_stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_team_job(env_stack, "j-mine", "ml-platform", minutes=0)
+    newer = add_team_job(env_stack, "j-newer", "ml-platform", minutes=1)
+    item = job_item(newer)
+    doc = json.loads(item["doc"]["S"])
+    doc["history"][-1]["reason"] = "first-heartbeat-overdue"  # a reason a newer release added
+    item["doc"] = {"S": json.dumps(doc)}
+    boto3.client("dynamodb", region_name="us-east-1").put_item(TableName=env_stack.table_name, Item=item)
+
+    assert main(["list", "--team", "ml-platform", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [j["job_id"] for j in json.loads(captured.out)] == ["j-mine"]
+    assert "warning: job j-newer: record unreadable by this release: history.2.reason" in captured.err

@@ -55,6 +55,8 @@ EVERY_HANDLER = {
     *(f"gpujobs.domain.{name}" for name in ("fate", "hardware", "job", "job_metrics", "launching", "report_auth")),
     *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states", "teams")),
     "gpujobs.domain.trainer_settings",
+    "gpujobs.domain.records",  # how the store reads and writes a record of any neighbouring release
+    "gpujobs.domain.stored",
     "gpujobs.runtime",
     "gpujobs.runtime.bootstrap",
     "gpujobs.runtime.observability",

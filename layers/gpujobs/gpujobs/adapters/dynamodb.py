@@ -6,6 +6,10 @@ item) surfaces as ConcurrentUpdateError instead of a silent overwrite or a crash
 `state` and `updated_at` for the sparse `ByState` index; instance items carry `instance_id` for the
 `ByInstance` index. Both lookups are queries; nothing here scans.
 
+The record itself is the `doc` attribute, JSON, read and written as `domain.records` says: a newer
+release's fields are kept on write-back, and every write stamps `schema_version`. An item this release
+cannot read raises UnreadableJobError naming its key; a listing skips it when told how to report it.
+
 An item may not pass 400 KB as DynamoDB counts it (`item_size`). The store measures the job item
 before it writes and refuses an oversized one with JobRecordTooLargeError, as does DynamoDB itself
 (moto draws its own line a little lower, at 405,000 bytes); the in-memory store measures the same item.
@@ -17,9 +21,19 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from gpujobs.domain.job import Job
+from gpujobs.domain.records import RECORD_SCHEMA_VERSION, read_record, record_json
 from gpujobs.domain.states import JobState
-from gpujobs.service.ports import ConcurrentUpdateError, JobExistsError, JobNotFoundError, JobRecordTooLargeError
+from gpujobs.service.ports import (
+    ConcurrentUpdateError,
+    JobExistsError,
+    JobNotFoundError,
+    JobRecordTooLargeError,
+    UnreadableJobError,
+    UnreadableObserver,
+)
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -121,7 +135,14 @@ class DynamoJobStore:
         ).get("Items", [])
         return self.get(items[0]["job_id"]["S"]) if items else None
 
-    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
+    def list_by_state(
+        self,
+        state: JobState,
+        *,
+        limit: int = 100,
+        team: str | None = None,
+        on_unreadable: UnreadableObserver | None = None,
+    ) -> list[Job]:
         jobs: list[Job] = []
         names, values = {"#s": "state"}, {":s": {"S": state.value}}
         kwargs: QueryInputTypeDef = {
@@ -138,7 +159,13 @@ class DynamoJobStore:
         while len(jobs) < limit:
             kwargs["Limit"] = limit - len(jobs)
             page = self._ddb.query(**kwargs)
-            jobs += [self._from_item(i) for i in page.get("Items", [])]
+            for item in page.get("Items", []):
+                try:
+                    jobs.append(self._from_item(item))
+                except UnreadableJobError as exc:
+                    if on_unreadable is None:
+                        raise
+                    on_unreadable(exc)
             if "LastEvaluatedKey" not in page:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
@@ -176,8 +203,12 @@ class DynamoJobStore:
 
     @staticmethod
     def _from_item(item: Item) -> Job:
-        job = Job.model_validate_json(item["doc"]["S"])
-        return job.model_copy(update={"version": int(item["version"]["N"])})
+        try:
+            job = read_record(item["doc"]["S"])
+            return job.model_copy(update={"version": int(item["version"]["N"])})
+        except (ValidationError, KeyError, ValueError) as exc:
+            key = item.get("job_id", {}).get("S") or item.get("pk", {}).get("S", "?")
+            raise UnreadableJobError(key, _first_line(exc)) from exc
 
 
 def job_item(job: Job) -> Item:
@@ -191,8 +222,23 @@ def job_item(job: Job) -> Item:
         "team": {"S": job.team},
         "name": {"S": job.name or "-"},
         "version": {"N": str(job.version)},
-        "doc": {"S": job.model_dump_json(exclude={"version"})},
+        "schema_version": {"N": str(RECORD_SCHEMA_VERSION)},
+        "doc": {"S": record_json(job, exclude=frozenset({"version"}))},
     }
+
+
+def schema_version_of(item: Item) -> int:
+    """The record schema of the release that last wrote `item` (1 for items from before the stamp)."""
+    return int(item.get("schema_version", {}).get("N", "1"))
+
+
+def _first_line(exc: Exception) -> str:
+    """A short account of why an item could not be read: pydantic's first error, or the exception."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(record)"
+        return f"{where}: {first['msg'][:200]} ({exc.error_count()} error(s))"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 def sized_job_item(job: Job) -> Item:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -112,3 +112,21 @@ def verify(
     if not -REPORT_MAX_SKEW.total_seconds() <= age <= REPORT_MAX_AGE.total_seconds():
         return Proof.STALE
     return Proof.VALID
+
+
+def verify_any(
+    keys: Sequence[bytes],
+    detail_type: str,
+    fields: Mapping[str, object],
+    *,
+    signed_at: int | None,
+    signature: str | None,
+    now: datetime,
+) -> Proof:
+    """`verify` under each key a report may be signed with (the stack secret's current and, during
+    a rotation's grace, previous version): VALID under any, else STALE when one matched but too late."""
+    proofs = [verify(key, detail_type, fields, signed_at=signed_at, signature=signature, now=now) for key in keys]
+    for verdict in (Proof.VALID, Proof.STALE, Proof.MISSING):
+        if verdict in proofs:
+            return verdict
+    return Proof.MISMATCH

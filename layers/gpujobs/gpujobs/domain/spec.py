@@ -40,6 +40,7 @@ from gpujobs.domain import documents
 from gpujobs.domain.env_secrets import env_credential_problems
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.spec_hints import argv_form, unknown_type
+from gpujobs.domain.stored import is_stored_record
 from gpujobs.domain.trainer_settings import TrainerSettings
 
 MAX_SPEC_BYTES = 256 * 1024
@@ -48,8 +49,7 @@ NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 TEAM_PATTERN = r"^[a-z0-9-]{1,63}$"
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 RESERVED_ENV_PREFIXES = ("AWS_", "GPUJOBS_", "DOCKER_", "LD_")
-"""Set by gpujobs (AWS_*, GPUJOBS_*), or able to change what the container runtime or the dynamic
-loader does before the training code starts (DOCKER_*, LD_PRELOAD and friends)."""
+"""Set by gpujobs (AWS_*, GPUJOBS_*), or changing what docker or the dynamic loader does (DOCKER_*, LD_PRELOAD)."""
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 and C1 controls and DEL; tab and newline are allowed in command arguments and env values."""
 # registry/repo[:tag][@sha256:digest]; lowercase repository path components as Docker requires.
@@ -66,8 +66,7 @@ REFERENCE_PATTERN = (
 
 StrictInt = Annotated[int, Strict()]
 StrictNumber = Annotated[float, Strict(), AllowInfNan(allow_inf_nan=False)]
-"""Numbers must be numbers: YAML `yes` or the JSON string "2" is an error, not 1 or 2; `.inf` and
-`.nan` are errors too (a cap of infinity is no cap, and JSON cannot store either)."""
+"""Numbers must be numbers (YAML `yes` or JSON "2" is an error, not 1 or 2) and finite (`.inf`, `.nan` are not)."""
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Team = Annotated[str, StringConstraints(pattern=TEAM_PATTERN)]
 InstanceType = Annotated[str, StringConstraints(pattern=INSTANCE_TYPE_PATTERN)]
@@ -223,8 +222,10 @@ class JobSpec(BaseModel):
     @classmethod
     def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         bad = _name_problems(env)
-        bad += [f"{k!r}: a value may not hold a line break" for k, v in env.items() if "\n" in v]  # --env-file
-        bad += env_credential_problems(env, submitted=info.context is not None)  # validate_spec's context
+        stored = is_stored_record(info.context)  # a stored job may predate the submit-only rules
+        if not stored:  # docker's --env-file is line-based
+            bad += [f"{k!r}: a value may not hold a line break" for k, v in env.items() if "\n" in v]
+        bad += env_credential_problems(env, submitted=info.context is not None and not stored)
         if bad:
             raise ValueError("; ".join(bad))
         return env
@@ -279,9 +280,9 @@ class JobSpec(BaseModel):
         return digest
 
     @model_validator(mode="after")
-    def _an_s3_archive_is_pinned(self) -> JobSpec:
-        """Refused at submit, not by every attempt's launcher (exit 78), which runs only pinned bytes."""
-        if self.code and self.code.startswith("s3://") and self.code_sha256 is None:
+    def _an_s3_archive_is_pinned(self, info: ValidationInfo) -> JobSpec:
+        """Refused at submit (a stored job may predate the rule), not by the launcher (exit 78)."""
+        if self.code and self.code.startswith("s3://") and not (self.code_sha256 or is_stored_record(info.context)):
             raise ValueError(
                 "code_sha256: required with an s3:// code archive, the launcher runs only the bytes it pins"
             )

@@ -13,7 +13,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import boto3
@@ -199,7 +199,11 @@ def launch_config(settings: Settings) -> LaunchConfig:
 def report_keys(settings: Settings) -> StackSecretReportKeys:
     """Read lazily: only a launch or a report verification reads the secret (and may, by IAM)."""
     secrets = cast("SecretsClient", boto3.client("secretsmanager", region_name=settings.region, config=_CONFIG))
-    return StackSecretReportKeys(client=secrets, secret_id=settings.report_secret_arn)
+    return StackSecretReportKeys(
+        client=secrets,
+        secret_id=settings.report_secret_arn,
+        grace=timedelta(hours=settings.report_secret_grace_hours),
+    )
 
 
 @functools.cache

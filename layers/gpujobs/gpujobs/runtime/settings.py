@@ -54,6 +54,8 @@ class Settings:
     teams_parameter: str = ""
     """SSM parameter holding the team configuration; empty: none (single-tenant, see domain.teams)."""
     report_secret_arn: str = ""
+    report_secret_grace_hours: float = 168.0
+    """How long after a rotation the report secret's previous version still verifies (`adapters.secrets`)."""
     job_role_arn: str = ""
     """The role the instances assume for each job's container (template.yaml `JobRole`)."""
     job_log_group: str = ""
@@ -81,6 +83,7 @@ class Settings:
             checkpoint_document=env.get("CHECKPOINT_DOCUMENT", ""),
             teams_parameter=env.get("TEAMS_PARAMETER", "").strip(),
             report_secret_arn=env.get("REPORT_SECRET_ARN", ""),
+            report_secret_grace_hours=float(env.get("REPORT_SECRET_GRACE_HOURS", "") or 168.0),
             job_role_arn=env.get("JOB_ROLE_ARN", ""),
             job_log_group=env.get("JOB_LOG_GROUP", ""),
         )

@@ -11,6 +11,7 @@ over or the budget has room again; spot-only lasts until the period rolls over.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from gpujobs.contract import BUDGET_HOLD, BUDGET_WARNING
@@ -19,8 +20,10 @@ from gpujobs.domain.budget_alerts import UnparsedAlert, decide_budget_mode, pars
 from gpujobs.domain.cost_anomaly import CostAnomaly, anomaly_is_significant, anomaly_reason
 from gpujobs.domain.effects import Outcome
 from gpujobs.domain.states import JobState, Reason
-from gpujobs.service.ports import Ports
+from gpujobs.service.ports import Ports, UnreadableJobError
 from gpujobs.service.reactions import Reaction, Reactions
+
+log = logging.getLogger(__name__)
 
 NOTICE_FOR_MODE = {BudgetMode.SPOT_ONLY: BUDGET_WARNING, BudgetMode.HOLD: BUDGET_HOLD}
 
@@ -59,7 +62,7 @@ class BudgetReactions:
         )
         stopping = 0
         if policy.mode is BudgetMode.HOLD:
-            for job in ports.store.list_by_state(JobState.RUNNING, limit=5000):
+            for job in ports.store.list_by_state(JobState.RUNNING, limit=5000, on_unreadable=_skip_unreadable):
                 if hold_over(job.team, [policy]) is not None:
                     asked = self.reactions.request_stop(
                         job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {policy.reason}"
@@ -72,3 +75,8 @@ class BudgetReactions:
             {metric: 1},
             f"budget {policy.mode.value} for {scope}: {policy.reason}; {stopping} running job(s) checkpointing to stop",
         )
+
+
+def _skip_unreadable(error: UnreadableJobError) -> None:
+    """A record this release cannot read is no reason to leave every other job running past the hold."""
+    log.error("budget hold: skipping the unreadable record of %s: %s", error.job_id, error.problem)

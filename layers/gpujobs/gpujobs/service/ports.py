@@ -58,12 +58,26 @@ class JobRecordTooLargeError(Exception):
         self.limit = limit
 
 
+class UnreadableJobError(Exception):
+    """A stored job record this release cannot read (say, a state or reason a newer release added,
+    after a rollback). Names the item's key, so that an operator can look at it; a listing that is
+    handed `on_unreadable` skips such an item rather than failing for every other job."""
+
+    def __init__(self, job_id: str, problem: str) -> None:
+        super().__init__(f"job {job_id}: record unreadable by this release: {problem}")
+        self.job_id = job_id
+        self.problem = problem
+
+
+UnreadableObserver = Callable[[UnreadableJobError], None]
+
+
 class JobStore(Protocol):
     def create(self, job: Job) -> Job:
         """Insert a new job at version 1; JobExistsError if the id is taken."""
 
     def get(self, job_id: str) -> Job:
-        """JobNotFoundError if absent."""
+        """JobNotFoundError if absent, UnreadableJobError if this release cannot read its record."""
 
     def save(self, job: Job) -> Job:
         """Write `job` if the stored version still equals `job.version`; returns it at version+1.
@@ -75,8 +89,16 @@ class JobStore(Protocol):
 
     def find_by_instance(self, instance_id: str) -> Job | None: ...
 
-    def list_by_state(self, state: JobState, *, limit: int = 100, team: str | None = None) -> list[Job]:
-        """Newest first, from the ByState index; only `team`'s jobs when given."""
+    def list_by_state(
+        self,
+        state: JobState,
+        *,
+        limit: int = 100,
+        team: str | None = None,
+        on_unreadable: UnreadableObserver | None = None,
+    ) -> list[Job]:
+        """Newest first, from the ByState index; only `team`'s jobs when given. A record this release
+        cannot read is handed to `on_unreadable` and skipped, or raises UnreadableJobError without it."""
 
 
 # ---- compute ------------------------------------------------------------------------------
@@ -272,7 +294,15 @@ class MetricsRecorder(Protocol):
 
 class ReportKeys(Protocol):
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
-        """The attempt's report key (`domain.report_auth.report_key` under the stack's secret)."""
+        """The attempt's report key (`domain.report_auth.report_key` under the stack secret's current
+        version): what a launch hands the attempt."""
+
+    def verifying_keys(self, *, job_id: str, attempt: int, now: datetime) -> Sequence[bytes]:
+        """Every key a report of the attempt is accepted under: the current version's, and the
+        previous version's while the grace after a rotation lasts (`adapters.secrets`)."""
+
+    def refresh(self) -> bool:
+        """Read the secret again, unless it was read moments ago; True when it changed."""
 
     def checkpoint_key_for(self, *, job_id: str) -> bytes:
         """The job's checkpoint key (`domain.report_auth.checkpoint_key` under the stack's secret)."""

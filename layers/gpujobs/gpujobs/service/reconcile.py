@@ -23,6 +23,11 @@ A run works in order of what a lost minute costs most:
    `LAUNCH_WORK_RESERVE` of the run's deadline is left; what is left over waits for the next run,
    so a crowd of queued jobs in a capacity crunch never starves the repairs above.
 
+An item this release cannot read (a newer release's record, after a rollback) never stops a run:
+the listing skips it, logs its key and counts it (`UNREADABLE_RECORDS_SKIPPED`); its instances,
+placement groups and security group are left alone, since nothing here can tell whether they are
+still its job's. The rest of the run goes on.
+
 It is also where level-triggered effects converge: each tick settles every RUNNING job, which
 issues a due policy stop again while its instances live; records instances EC2 shows stopping or
 stopped (a lost `stopped` event); recreates the idle alarms a RUNNING GPU job lacks and deletes
@@ -53,7 +58,7 @@ from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
 from gpujobs.service.jobs import JobService
-from gpujobs.service.ports import IdleAlarmState, JobNotFoundError, Ports, TaggedInstance
+from gpujobs.service.ports import IdleAlarmState, JobNotFoundError, Ports, TaggedInstance, UnreadableJobError
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.repairs import ReconcileReport, Repair
 
@@ -80,7 +85,7 @@ class Reconciler:
         now = ports.clock.now()
         report = ReconcileReport()
         holds = self._budget_holds(now.date(), report)
-        active = self._active_jobs()
+        active, unreadable = self._active_jobs(report)
         instances = ports.compute.list_instances()
         by_job: dict[str, list[TaggedInstance]] = defaultdict(list)
         for inst in instances:
@@ -88,7 +93,7 @@ class Reconciler:
         report.active_jobs, report.live_instances = len(active), len(instances)
         report.jobs_by_state.update(job.state.value for job in active.values())
         try:
-            self._sweep_placement_groups(active, report)  # first: a launch below may need a free group
+            self._sweep_placement_groups(active, unreadable, report)  # first: a launch below may need a free group
         except Exception:
             log.exception("sweeping placement groups failed")
             report.count(Repair.ERRORS)
@@ -113,8 +118,8 @@ class Reconciler:
                 self._guarded(job, report, lambda j: self._settle_between_attempts(j, by_job[j.job_id], report))
         if alarmed is not None:
             self._delete_leaked_alarms(alarmed - watched, report)
-        self._terminate_orphans(instances, active, now, report)
-        self._delete_ended_jobs_security_groups(active, by_job, report)
+        self._terminate_orphans(instances, active, unreadable, now, report)
+        self._delete_ended_jobs_security_groups(active, unreadable, by_job, report)
         work = _launch_work(active.values(), now)
         for done, job in enumerate(work):
             if deadline is not None and ports.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
@@ -123,15 +128,23 @@ class Reconciler:
             self._guarded(job, report, lambda j: self._launch(j, report))
         return report
 
-    def _active_jobs(self) -> dict[str, Job]:
-        """Every active job once, at the newest version any state query returned it."""
+    def _active_jobs(self, report: ReconcileReport) -> tuple[dict[str, Job], set[str]]:
+        """Every active job once, at the newest version any state query returned it; and the ids of
+        the active items this release could not read (skipped, logged with their key, counted)."""
         active: dict[str, Job] = {}
+        unreadable: set[str] = set()
+
+        def skip(error: UnreadableJobError) -> None:
+            log.error("skipping the unreadable record of %s: %s", error.job_id, error.problem)
+            report.count(Repair.UNREADABLE_RECORDS_SKIPPED)
+            unreadable.add(error.job_id)
+
         for state in ACTIVE_STATES:
-            for job in self.ports.store.list_by_state(state, limit=MAX_ACTIVE_JOBS):
+            for job in self.ports.store.list_by_state(state, limit=MAX_ACTIVE_JOBS, on_unreadable=skip):
                 seen = active.get(job.job_id)
                 if seen is None or job.version > seen.version:
                     active[job.job_id] = job
-        return active
+        return active, unreadable
 
     def _idle_alarms(self) -> list[IdleAlarmState] | None:
         """The idle alarms and their last evaluations; None when they cannot be listed now (the
@@ -252,7 +265,10 @@ class Reconciler:
         store = self.ports.store
         leaked = []
         for iid in sorted(unwatched):
-            job = store.find_by_instance(iid)
+            try:
+                job = store.find_by_instance(iid)
+            except UnreadableJobError:
+                continue  # its job's record says nothing this release can read: the alarm stays
             attempt = job.attempt_of_instance(iid) if job else None
             if job is not None and (attempt is None or attempt.is_over or job.state.is_terminal):
                 leaked.append(iid)
@@ -320,15 +336,26 @@ class Reconciler:
 
     # ---- stack-wide -------------------------------------------------------------------------------
     def _terminate_orphans(
-        self, instances: list[TaggedInstance], active: dict[str, Job], now: datetime, report: ReconcileReport
+        self,
+        instances: list[TaggedInstance],
+        active: dict[str, Job],
+        unreadable: set[str],
+        now: datetime,
+        report: ReconcileReport,
     ) -> None:
         suspects: dict[str, list[TaggedInstance]] = defaultdict(list)
         for inst in instances:
+            if inst.job_id in unreadable:
+                continue  # its job may well be running them: nothing here can tell
             if now - inst.launched_at >= ORPHAN_GRACE and _is_orphan(active.get(inst.job_id), inst):
                 suspects[inst.job_id].append(inst)
         orphans: list[str] = []
         for job_id, candidates in suspects.items():
-            fresh = self._consistent_read(job_id)
+            try:
+                fresh = self._consistent_read(job_id)
+            except UnreadableJobError:
+                report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates))
+                continue
             confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i)]
             if len(confirmed) < len(candidates):
                 report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates) - len(confirmed))
@@ -338,7 +365,7 @@ class Reconciler:
             self.jobs.carry_out([Terminate(tuple(orphans))])
             report.count(Repair.ORPHANS_TERMINATED, len(orphans))
 
-    def _sweep_placement_groups(self, active: dict[str, Job], report: ReconcileReport) -> None:
+    def _sweep_placement_groups(self, active: dict[str, Job], unreadable: set[str], report: ReconcileReport) -> None:
         """Delete the groups of ended attempts and jobs: a Region holds only 500 placement groups.
 
         A group whose attempt looks unfinished in the active view is kept; any other is re-read
@@ -346,15 +373,22 @@ class Reconciler:
         after its claim is saved). A group still holding instances is retried on the next tick.
         """
         for group in self.ports.compute.list_placement_groups():
-            if _attempt_unfinished(active.get(group.job_id), group.attempt):
+            if group.job_id in unreadable or _attempt_unfinished(active.get(group.job_id), group.attempt):
                 continue
-            if _attempt_unfinished(self._consistent_read(group.job_id), group.attempt):
+            try:
+                if _attempt_unfinished(self._consistent_read(group.job_id), group.attempt):
+                    continue
+            except UnreadableJobError:
                 continue
             if self.ports.compute.delete_placement_group(group.name):
                 report.count(Repair.PLACEMENT_GROUPS_DELETED)
 
     def _delete_ended_jobs_security_groups(
-        self, active: dict[str, Job], by_job: dict[str, list[TaggedInstance]], report: ReconcileReport
+        self,
+        active: dict[str, Job],
+        unreadable: set[str],
+        by_job: dict[str, list[TaggedInstance]],
+        report: ReconcileReport,
     ) -> None:
         """A job's security group outlives its instances by up to a minute: EC2 refuses to delete a
         group an interface still uses, so it goes here once the job is over (by a consistent read:
@@ -362,9 +396,12 @@ class Reconciler:
         job is left. Stopped instances a STOPPED job keeps also keep their group."""
         compute = self.ports.compute
         for group in compute.job_security_groups():
-            if group.job_id in active or by_job.get(group.job_id):
+            if group.job_id in active or group.job_id in unreadable or by_job.get(group.job_id):
                 continue
-            job = self._consistent_read(group.job_id)
+            try:
+                job = self._consistent_read(group.job_id)
+            except UnreadableJobError:
+                continue
             if job is not None and job.state in ACTIVE_STATES:
                 continue
             if compute.delete_security_group(group.group_id):

@@ -14,6 +14,8 @@ from enum import StrEnum
 
 class Repair(StrEnum):
     ERRORS = "errors"
+    UNREADABLE_RECORDS_SKIPPED = "unreadable records skipped"
+    """Active job items this release could not read (a newer release's, after a rollback)."""
     LAUNCHES_DEFERRED_TO_THE_NEXT_RUN = "launches deferred to the next run"
     DEADLINE_MARKET_MOVES = "deadline market moves"
     ATTEMPTS_SETTLED = "attempts settled"
