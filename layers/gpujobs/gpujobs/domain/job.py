@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpujobs.contract import container_name
 from gpujobs.domain.spec import JobSpec
-from gpujobs.domain.states import JobState, Reason, check_transition
+from gpujobs.domain.states import WAITING_FOR_ROOM, JobState, Reason, check_transition
 
 MAX_DETAIL_CHARS = 400
 """Longest free text kept (EC2's capacity messages run to about 300 characters)."""
@@ -178,10 +178,10 @@ class RetiredAttempts(_Frozen):
     """Wall time the retired attempts held instances."""
     usage: tuple[PoolUsage, ...] = ()
     no_capacity_in_a_row: int = 0
-    """How many of the newest retired attempts found no capacity, so the retry backoff keeps growing."""
+    """How many of the newest retired attempts found no capacity (or no quota), so the retry backoff keeps growing."""
 
     def including(self, attempt: Attempt) -> RetiredAttempts:
-        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason == Reason.NO_CAPACITY.value else 0
+        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason in WAITING_FOR_ROOM else 0
         if not attempt.instance_ids or attempt.ended_at is None:
             return self.model_copy(update={"count": self.count + 1, "no_capacity_in_a_row": in_a_row})
         held = (attempt.ended_at - attempt.started_at).total_seconds()

@@ -48,6 +48,7 @@ class Reason(StrEnum):
     LAUNCH_STARTED = "launch-started"
     INSTANCES_LAUNCHED = "instances-launched"
     NO_CAPACITY = "no-capacity"
+    QUOTA_EXCEEDED = "quota-exceeded"
     BUDGET_HOLD = "budget-hold"
     LAUNCH_FAILED = "launch-failed"
     SPOT_INTERRUPTION = "spot-interruption"
@@ -83,9 +84,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(None, JobState.REJECTED, Reason.INVALID_SPEC, "the submission failed validation"),
     Transition(Q, L, Reason.LAUNCH_STARTED, "capacity is being requested for a new attempt"),
     Transition(Q, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
+    Transition(Q, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
     Transition(Q, Q, Reason.BUDGET_HOLD, "the team's budget is exhausted; launches are held"),
     Transition(L, R, Reason.INSTANCES_LAUNCHED, "RunInstances returned the whole gang"),
     Transition(L, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
+    Transition(L, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
     Transition(L, Q, Reason.BUDGET_HOLD, "the budget was exhausted before the launch"),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
@@ -102,6 +105,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(INT, L, Reason.REPLACEMENT_LAUNCHING, "the replacement attempt is being launched"),
     Transition(INT, JobState.SUCCEEDED, Reason.COMPLETED, "the reclaimed attempt finished before any replacement"),
     Transition(INT, Q, Reason.NO_CAPACITY, "no pool had capacity for the replacement; retry later"),
+    Transition(INT, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the replacement; retry later"),
     Transition(INT, Q, Reason.BUDGET_HOLD, "the budget is exhausted; the replacement is held"),
     Transition(INT, JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN, "spot-only job past max_interruptions"),
     *(Transition(s, JobState.CANCELLED, Reason.USER_CANCELLED, "a user cancelled the job") for s in _ACTIVE),
@@ -116,6 +120,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         )
     ),
 )
+
+WAITING_FOR_ROOM = frozenset({Reason.NO_CAPACITY.value, Reason.QUOTA_EXCEEDED.value})
+"""An attempt's `end_reason` when its walk launched nowhere and the job waits: the capacity backoff grows over these."""
 
 _BY_KEY = {(t.source, t.target, t.reason): t for t in TRANSITIONS}
 
