@@ -162,6 +162,11 @@ class FakeCompute:
     _by_token: dict[str, tuple[LaunchRequest, list[str]]] = field(default_factory=dict)
     security_groups: dict[str, str] = field(default_factory=dict)
     """Job security group id -> job id."""
+    state_reasons: dict[str, str] = field(default_factory=dict)
+    """Instance id -> EC2's state reason (say, `Client.InternalError: Client error on launch`)."""
+
+    def state_reason(self, instance_id: str) -> str | None:
+        return self.state_reasons.get(instance_id)
 
     def subnets(self) -> Sequence[Subnet]:
         return self.subnet_list

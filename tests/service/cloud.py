@@ -22,6 +22,7 @@ from typing import Any
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
@@ -96,6 +97,9 @@ class SimulatedCloud:
     last_reconcile: datetime = START
     faults_absorbed: int = 0
     leases_left_held: list[str] = field(default_factory=list)
+    heard_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    """When the control plane first acted on a report (heartbeat, checkpoint, exit) of each attempt:
+    one it ignored (the attempt was over, the step stale) was not heard."""
 
     def __post_init__(self) -> None:
         world = self.world
@@ -176,7 +180,10 @@ class SimulatedCloud:
             ),
             "exit": lambda j, a, i, c: reactions.report(ExitReport(job_id=j, attempt=a, instance_id=i, exit_code=c)),
         }
-        return handlers[event.kind](*event.args)
+        handled = handlers[event.kind](*event.args)
+        if event.kind in ("heartbeat", "checkpoint", "exit") and not getattr(handled, "ignored", True):
+            self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
+        return handled
 
     # ---- EC2 ----------------------------------------------------------------------------------
     def _refuse_with_ec2_message(self, request: LaunchRequest) -> None:
@@ -305,6 +312,7 @@ class SimulatedCloud:
         self.published = len(self.world.publisher.events)
         problems += self.leases_left_held
         problems += self._quota_waits_unexplained(jobs)
+        problems += self._undeserved_boot_failures(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         return problems
@@ -320,6 +328,27 @@ class SimulatedCloud:
             and job.history[-1].reason is Reason.QUOTA_EXCEEDED
             and not ("vCPU quota refused" in job.status_detail and "--quota-code L-" in job.status_detail)
         ]
+
+    def _undeserved_boot_failures(self, jobs: dict[str, Job]) -> list[str]:
+        """FAILED died-at-boot only after `BOOT_DEATH_LIMIT` attempts in a row that the control plane
+        never heard from before they ended, whose instances EC2 took (no trainer exited), soon after launch."""
+        problems = []
+        for job in jobs.values():
+            if job.state is not JobState.FAILED or job.history[-1].reason is not Reason.DIED_AT_BOOT:
+                continue
+            launched = [a for a in job.attempts if a.instance_ids]
+            for attempt in launched[-BOOT_DEATH_LIMIT:]:
+                heard = self.heard_at.get((job.job_id, attempt.number))
+                if attempt.ended_at is None or (heard is not None and heard <= attempt.ended_at):
+                    problems.append(
+                        f"{job.job_id} failed died-at-boot, but attempt {attempt.number} had reported at {heard}"
+                        f" (record: {attempt.model_dump_json()})"
+                    )
+                elif attempt.first_gone_at is None or attempt.first_gone_at - attempt.started_at > BOOT_WINDOW:
+                    problems.append(f"{job.job_id} failed died-at-boot, but attempt {attempt.number} ran past boot")
+            if len(launched) < BOOT_DEATH_LIMIT and job.retired.boot_deaths_in_a_row == 0:
+                problems.append(f"{job.job_id} failed died-at-boot after {len(launched)} launched attempt(s)")
+        return problems
 
     def _overlapping_gangs(self, jobs: dict[str, Job]) -> list[str]:
         attempts_up: dict[str, list[int]] = defaultdict(list)

@@ -206,6 +206,13 @@ class Ec2Compute:
             found += [_launched(i) for r in page["Reservations"] for i in r["Instances"]]
         return sorted(found, key=lambda i: i.launch_index)
 
+    def state_reason(self, instance_id: str) -> str | None:
+        reservations = self._ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        for inst in (i for r in reservations for i in r["Instances"]):
+            reason = inst.get("StateReason", {})
+            return reason.get("Message") or reason.get("Code") or None
+        return None
+
     def terminate(self, instance_ids: Sequence[str]) -> None:
         if instance_ids:
             self._ec2.terminate_instances(InstanceIds=list(instance_ids))

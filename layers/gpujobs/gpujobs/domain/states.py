@@ -59,6 +59,7 @@ class Reason(StrEnum):
     CRASHED_TOO_OFTEN = "crashed-too-often"
     CONFIG_ERROR = "config-error"
     INSTANCE_LOST = "instance-lost"
+    DIED_AT_BOOT = "died-at-boot"
     INTERRUPTED_TOO_OFTEN = "interrupted-too-often"
     USER_CANCELLED = "user-cancelled"
     IDLE = "idle"
@@ -98,6 +99,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, Q, Reason.CRASHED_RETRYING, "the attempt crashed; attempts remain"),
     Transition(R, Q, Reason.INSTANCE_LOST, "on-demand instances vanished without a report; relaunch"),
     Transition(R, JobState.FAILED, Reason.INSTANCE_LOST, "instances vanished without a report once too often"),
+    Transition(R, Q, Reason.DIED_AT_BOOT, "the instances died before the bootstrap's first report; relaunch"),
+    Transition(
+        R, JobState.FAILED, Reason.DIED_AT_BOOT, "instances died at boot in attempts in a row: launching is broken"
+    ),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
     Transition(
         R, JobState.FAILED, Reason.CONFIG_ERROR, "a configuration error before the first step; a retry fails alike"
@@ -180,7 +185,10 @@ STATE_MEANINGS: dict[JobState, str] = {
     JobState.RUNNING: "The attempt's instances exist and run the training container.",
     JobState.INTERRUPTED: "A spot interruption is under way: the old attempt checkpoints while a replacement is found.",
     JobState.SUCCEEDED: "Every node's container exited 0.",
-    JobState.FAILED: "Crashed more than max_attempts times, interrupted past its limit, or could never launch.",
+    JobState.FAILED: (
+        "Crashed more than max_attempts times, interrupted past its limit, its instances died at boot"
+        " attempt after attempt, or could never launch."
+    ),
     JobState.CANCELLED: "Cancelled by a user; its instances were terminated.",
     JobState.STOPPED: "Stopped by policy (idle GPUs, budget, runtime or cost cap) after a safe checkpoint.",
     JobState.REJECTED: "The submission was not a valid job spec; nothing was launched.",

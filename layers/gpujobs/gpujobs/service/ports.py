@@ -168,6 +168,11 @@ class Compute(Protocol):
 
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
 
+    def state_reason(self, instance_id: str) -> str | None:
+        """EC2's `StateReason` of a stopped or terminated instance (DescribeInstances shows a
+        terminated one for about an hour), e.g. `Client.InternalError: Client error on launch`; None
+        when there is none."""
+
     def stop(self, instance_ids: Sequence[str]) -> None:
         """Stop (not terminate) on-demand instances; spot instances cannot be stopped."""
 
