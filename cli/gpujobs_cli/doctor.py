@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpujobs.domain.quotas import QUOTAS as EC2_QUOTAS
+from gpujobs.domain.quotas import family as _family
+
 OK, WARN, FAIL, UNKNOWN = "ok", "warn", "fail", "unknown"
 REQUIRED_ENDPOINTS = (
     "s3",
@@ -31,15 +34,9 @@ REQUIRED_ENDPOINTS = (
     "monitoring",
 )
 """The VPC endpoints a subnet without NAT needs (`com.amazonaws.<region>.` + these; docs/deploy.md)."""
-QUOTAS = {
-    ("G", "on-demand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
-    ("P", "on-demand"): ("L-417A185B", "Running On-Demand P instances"),
-    ("Standard", "on-demand"): ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
-    ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
-    ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
-    ("Standard", "spot"): ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
-}
-"""EC2 vCPU quotas (service code ec2) by instance family and market."""
+QUOTAS = {(family, market.value): (quota.code, quota.name) for (family, market), quota in EC2_QUOTAS.items()}
+"""EC2 vCPU quotas (service code ec2) by instance family and market: the launcher's own table
+(`gpujobs.domain.quotas`), which names the same quota in a job a quota refused."""
 MIN_UNRESERVED_CONCURRENCY = 100
 SPOT_ROLE = "AWSServiceRoleForEC2Spot"
 LABELS = {OK: "ok", WARN: "warn", FAIL: "FAIL", UNKNOWN: "unknown"}
@@ -54,11 +51,6 @@ class Finding:
 
 
 Clients = Callable[[str], Any]
-
-
-def _family(instance_type: str) -> str:
-    letter = instance_type[:1].lower()
-    return {"g": "G", "v": "G", "p": "P"}.get(letter, "Standard")
 
 
 def _error(exc: Exception) -> str:

@@ -25,6 +25,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy, lifted, may_replace,
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.job_metrics import JobMetric
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
+from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.report_auth import checkpoint_key, report_key
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import TeamDirectory
@@ -39,6 +40,7 @@ from gpujobs.service.ports import (
     LaunchRequest,
     LaunchTokenMismatchError,
     PlacementGroup,
+    QuotaExceededError,
     StateChanged,
     Subnet,
     TaggedInstance,
@@ -196,6 +198,11 @@ class FakeCompute:
     _by_token: dict[str, tuple[LaunchRequest, list[str]]] = field(default_factory=dict)
     security_groups: dict[str, str] = field(default_factory=dict)
     """Job security group id -> job id."""
+    state_reasons: dict[str, str] = field(default_factory=dict)
+    """Instance id -> EC2's state reason (say, `Client.InternalError: Client error on launch`)."""
+
+    def state_reason(self, instance_id: str) -> str | None:
+        return self.state_reasons.get(instance_id)
 
     def subnets(self) -> Sequence[Subnet]:
         return self.subnet_list
@@ -215,6 +222,8 @@ class FakeCompute:
                 raise LaunchTokenMismatchError(request.client_token, "parameters differ from the first request")
             return [self.instances[i].instance for i in ids]
         code = self.refuse.get((request.instance_type, request.subnet.zone, request.market.value))
+        if code in QUOTA_ERROR_CODES:  # as the EC2 adapter classifies it
+            raise QuotaExceededError(code, f"{request.market} vCPU quota reached for {request.instance_type}")
         if code:
             raise CapacityError(code, f"no {request.market} capacity for {request.instance_type}")
         launched = []
@@ -453,6 +462,31 @@ class TablePrices:
     @property
     def on_demand_table(self) -> dict[str, float]:
         return {t: price for (t, market), price in self.table.items() if market == Market.ON_DEMAND.value}
+
+
+@dataclass
+class FakeServiceQuotas:
+    """Service Quotas as a dict (quota code -> value); a code it lacks, or every code while
+    `unreadable`, answers None as the adapter does when GetServiceQuota is refused. `asked` counts calls."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    unreadable: bool = False
+    asked: list[str] = field(default_factory=list)
+
+    def current_value(self, quota_code: str) -> float | None:
+        self.asked.append(quota_code)
+        return None if self.unreadable else self.values.get(quota_code)
+
+
+@dataclass
+class Deadline:
+    """A Lambda deadline on the fake clock: `time_left` is what the context's remaining time would say."""
+
+    clock: FixedClock
+    at: datetime | None = None
+
+    def time_left(self) -> timedelta | None:
+        return None if self.at is None else self.at - self.clock.now()
 
 
 @dataclass

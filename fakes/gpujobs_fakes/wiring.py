@@ -21,6 +21,7 @@ from gpujobs.service.reconcile import Reconciler
 from gpujobs.service.reports import Reports
 from gpujobs_fakes.memory import (
     FakeCompute,
+    FakeServiceQuotas,
     FixedClock,
     FixedReportKeys,
     InMemoryBlobStore,
@@ -55,6 +56,7 @@ def fake_ports(**overrides: Any) -> Ports:
         "prices": TablePrices({("g5.xlarge", "spot"): 0.5, ("g5.xlarge", "on-demand"): 1.0}),
         "render_user_data": json_user_data,
         "jitter": lambda: 0.5,
+        "quotas": FakeServiceQuotas(),
     }
     if "compute" not in overrides:
         defaults["compute"] = FakeCompute(clock=clock)

@@ -11,7 +11,7 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import StateChange, detail_of, envelope
-from gpujobs.runtime.bootstrap import reactions, require_settings
+from gpujobs.runtime.bootstrap import bind_context, reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
 
@@ -22,5 +22,6 @@ SETTINGS = require_settings(Need.LAUNCH)
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE, clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> None:
+    bind_context(context)
     change = detail_of(envelope(event), StateChange)
     report(reactions().instance_state(change.instance_id, change.state), instance_id=change.instance_id)

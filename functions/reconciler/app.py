@@ -9,7 +9,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.domain.states import ACTIVE_STATES
-from gpujobs.runtime.bootstrap import reconciler, require_settings
+from gpujobs.runtime.bootstrap import bind_context, reconciler, require_settings
 from gpujobs.runtime.observability import count_jobs_by_state, logger, metrics, tracer
 from gpujobs.runtime.settings import Need
 
@@ -20,6 +20,7 @@ SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    bind_context(context)
     # Launch work stops short of the function's own timeout, so the repairs are never the work cut off.
     deadline = datetime.now(UTC) + timedelta(milliseconds=context.get_remaining_time_in_millis())
     result = reconciler().run(deadline=deadline)

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from gpujobs.adapters.inbound import REPORT_MODELS, Envelope, detail_of, envelope
 from gpujobs.domain.effects import Outcome
-from gpujobs.runtime.bootstrap import reports, require_settings
+from gpujobs.runtime.bootstrap import bind_context, reports, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
 from gpujobs.service.reactions import Reaction
@@ -39,5 +39,6 @@ def react(event: Envelope) -> Reaction:
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE, clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> None:
+    bind_context(context)
     received = envelope(event)
     report(react(received), event=received.detail_type, source=received.source)

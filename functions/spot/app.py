@@ -14,7 +14,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.adapters.inbound import Rebalance, SpotWarning, detail_of, envelope
 from gpujobs.contract import SPOT_INTERRUPTION_WARNING
-from gpujobs.runtime.bootstrap import reactions, require_settings
+from gpujobs.runtime.bootstrap import bind_context, reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer
 from gpujobs.runtime.settings import Need
 
@@ -27,6 +27,7 @@ WARNING = SPOT_INTERRUPTION_WARNING
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.EVENT_BRIDGE, clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> None:
+    bind_context(context)
     received = envelope(event)
     if received.detail_type == WARNING:
         warning = detail_of(received, SpotWarning)

@@ -19,7 +19,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.domain.states import JobState
-from gpujobs.runtime.bootstrap import job_service, require_settings
+from gpujobs.runtime.bootstrap import bind_context, job_service, require_settings
 from gpujobs.runtime.observability import logger, metrics, tracer
 from gpujobs.runtime.settings import Need
 from gpujobs.service.jobs import CancelRefusedError
@@ -62,4 +62,5 @@ def record_handler(record: SQSRecord) -> None:
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
+    bind_context(context)
     return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)

@@ -224,6 +224,12 @@ def _delete_placement_group(params: dict[str, Any], _facts: dict[str, Any], regi
     return [Request(action, _arn(action, ":placement-group/", region, params["GroupName"]))]
 
 
+@builds("service-quotas", "GetServiceQuota")
+def _get_service_quota(params: dict[str, Any], _facts: dict[str, Any], region: str, _: Context) -> list[Request]:
+    action = "servicequotas:GetServiceQuota"
+    return [Request(action, _arn(action, ":servicequotas:", region, params["ServiceCode"], params["QuotaCode"]))]
+
+
 @builds("ec2", "RunInstances")
 def _run_instances(params: dict[str, Any], facts: dict[str, Any], region: str, context: Context) -> list[Request]:
     action = "ec2:RunInstances"

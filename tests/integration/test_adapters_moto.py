@@ -236,6 +236,15 @@ def test_only_the_stacks_job_instances_are_listed_with_job_attempt_and_launch_ti
     assert listed.launched_at >= before
 
 
+def test_a_terminated_instance_tells_why_it_ended_and_a_running_one_nothing(fleet: Fleet) -> None:
+    gone = fleet.launch({TAG_STACK: STACK, TAG_JOB: "j-1", TAG_ATTEMPT: "1"})
+    running = fleet.launch({TAG_STACK: STACK, TAG_JOB: "j-1", TAG_ATTEMPT: "1"})
+    fleet.ec2.terminate_instances(InstanceIds=[gone])
+
+    assert fleet.compute.state_reason(gone) == "Client.UserInitiatedShutdown: User initiated shutdown"
+    assert fleet.compute.state_reason(running) is None
+
+
 def test_stop_moves_an_on_demand_instance_to_stopped(fleet: Fleet) -> None:
     instance_id = fleet.launch({TAG_STACK: STACK, TAG_JOB: "j-1", TAG_ATTEMPT: "1"})
 

@@ -22,13 +22,15 @@ from typing import Any
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
-from gpujobs.domain.states import JobState
+from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.budgeting import BudgetReactions
-from gpujobs.service.ports import CapacityError, LaunchRequest
+from gpujobs.service.ports import CapacityError, LaunchRequest, QuotaExceededError
 from gpujobs_fakes.memory import FixedClock
 from tests.service.conftest import World
 from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
@@ -47,6 +49,8 @@ CAPACITY_MESSAGE = (
     "by not specifying an Availability Zone in your request or choosing us-east-1b, us-east-1c, us-east-1d."
 )
 """EC2's own InsufficientInstanceCapacity message: the ~250 characters every refusal records."""
+RUN_INSTANCES_SECONDS = 10
+"""What one RunInstances call spends of its invocation's time (the simulation's clock stands still)."""
 EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED)
 MARKETS = (Market.SPOT.value, Market.ON_DEMAND.value)
 FAULT_TIMINGS = (When.BEFORE, When.AFTER)
@@ -84,12 +88,21 @@ class SimulatedCloud:
     hung: set[tuple[str, int]] = field(default_factory=set)
     """Gangs whose trainer reports nothing more: stuck in a collective, or, hung before its first
     heartbeat, in NCCL/EFA initialisation. Every other live gang heartbeats on each tick."""
-    refused: set[tuple[str, str, str]] = field(default_factory=set)
+    refused: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    """Pools EC2 refuses now, with the refusal's code (no capacity, or a vCPU quota's)."""
+    invocation_seconds: int | None = None
+    """What each handler's invocation has left when it starts (None: no deadline); each RunInstances
+    spends `RUN_INSTANCES_SECONDS` of it, so a walk is cut short after a few rungs."""
+    spent_seconds: int = 0
     seen_state: dict[str, str] = field(default_factory=dict)
     terminal: dict[str, JobState] = field(default_factory=dict)
     published: int = 0
     last_reconcile: datetime = START
     faults_absorbed: int = 0
+    leases_left_held: list[str] = field(default_factory=list)
+    heard_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    """When the control plane first acted on a report (heartbeat, checkpoint, exit) of each attempt:
+    one it ignored (the attempt was over, the step stale) was not heard."""
 
     def __post_init__(self) -> None:
         world = self.world
@@ -98,6 +111,7 @@ class SimulatedCloud:
         world.rewire(
             **wrap_ports(world.ports, self.plan, is_port=is_fake),
             budget_has_room=lambda _policy: self.budget_has_room,
+            time_left=self._time_left,
         )
         world.compute.on_run = self._refuse_with_ec2_message
         self.budgets = BudgetReactions(ports=world.ports, reactions=world.reactions, stack_name="chaos")
@@ -109,6 +123,9 @@ class SimulatedCloud:
     # ---- acting on the control plane ------------------------------------------------------------
     def attempt(self, action: Callable[[], object]) -> bool:
         """Run a handler; a fault kills it like a Lambda dies. Anything else is a bug and propagates."""
+        self.spent_seconds = 0  # a new invocation, with its own deadline
+        leases = self._leases()
+        fired = len(self.plan.fired)
         try:
             action()
         except InjectedFaultError:
@@ -116,7 +133,25 @@ class SimulatedCloud:
             return False
         finally:
             self.observe()
+        if len(self.plan.fired) == fired:  # it ran to its end: no walk of its may hold a job for the lease
+            self.leases_left_held += [
+                f"{job_id}: a completed handler left the launch lease held until {lease}"
+                for job_id, lease in self._leases().items()
+                if lease > self.now and leases.get(job_id) != lease
+            ]
         return True
+
+    def _time_left(self) -> timedelta | None:
+        if self.invocation_seconds is None:
+            return None
+        return timedelta(seconds=self.invocation_seconds - self.spent_seconds)
+
+    def _leases(self) -> dict[str, datetime]:
+        return {
+            job.job_id: job.current_attempt.lease_expires_at
+            for job in self.world.store.list_by_state(JobState.LAUNCHING, limit=10_000)
+            if job.current_attempt is not None and job.current_attempt.lease_expires_at is not None
+        }
 
     def submit(self, body: str, message_id: str) -> bool:
         return self.attempt(lambda: self.world.service.handle_message(body, message_id=message_id))
@@ -148,17 +183,31 @@ class SimulatedCloud:
             ),
             "exit": lambda j, a, i, c: reactions.report(ExitReport(job_id=j, attempt=a, instance_id=i, exit_code=c)),
         }
-        return handlers[event.kind](*event.args)
+        handled = handlers[event.kind](*event.args)
+        if event.kind in ("heartbeat", "checkpoint", "exit") and not getattr(handled, "ignored", True):
+            self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
+        return handled
 
     # ---- EC2 ----------------------------------------------------------------------------------
     def _refuse_with_ec2_message(self, request: LaunchRequest) -> None:
+        self.spent_seconds += RUN_INSTANCES_SECONDS
         pool = (request.instance_type, request.subnet.zone, request.market.value)
-        if pool in self.refused:
+        code = self.refused.get(pool)
+        if code in QUOTA_ERROR_CODES:
+            raise QuotaExceededError(code, "You have requested more vCPU capacity than your current vCPU limit")
+        if code is not None:
             message = CAPACITY_MESSAGE.format(type=request.instance_type, zone=request.subnet.zone)
-            raise CapacityError("InsufficientInstanceCapacity", message)
+            raise CapacityError(code, message)
 
-    def set_capacity(self, pool: tuple[str, str, str], *, available: bool) -> None:
-        (self.refused.discard if available else self.refused.add)(pool)
+    def set_capacity(self, pool: tuple[str, str, str], *, available: bool, quota: bool = False) -> None:
+        """A pool gains or loses room; `quota`: the Region's vCPU quota of its market refuses it."""
+        if available:
+            self.refused.pop(pool, None)
+        elif quota:
+            market = pool[2]
+            self.refused[pool] = "MaxSpotInstanceCountExceeded" if market == "spot" else "VcpuLimitExceeded"
+        else:
+            self.refused[pool] = "InsufficientInstanceCapacity"
 
     def up_instances(self) -> list[str]:
         return sorted(iid for iid, f in self.world.compute.instances.items() if f.state in UP_STATES)
@@ -234,6 +283,7 @@ class SimulatedCloud:
         """The calm after the storm: no faults, capacity back, every event delivered, time past every grace."""
         self.plan.disarm_all()
         self.refused.clear()
+        self.invocation_seconds = None
         for _ in range(10):
             self.deliver_all()
             self.advance(RECONCILE_EVERY)
@@ -271,8 +321,44 @@ class SimulatedCloud:
             for (job_id, n), c in noted.items()
             if c > 1
         ]
+        problems += self.leases_left_held
+        problems += self._quota_waits_unexplained(jobs)
+        problems += self._undeserved_boot_failures(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
+        return problems
+
+    @staticmethod
+    def _quota_waits_unexplained(jobs: dict[str, Job]) -> list[str]:
+        """A job a vCPU quota keeps waiting says which quota and how to raise it (every type here has one)."""
+        return [
+            f"{job.job_id} waits quota-exceeded without naming the quota: {job.status_detail!r}"
+            for job in jobs.values()
+            if job.state is JobState.QUEUED
+            and job.history
+            and job.history[-1].reason is Reason.QUOTA_EXCEEDED
+            and not ("vCPU quota refused" in job.status_detail and "--quota-code L-" in job.status_detail)
+        ]
+
+    def _undeserved_boot_failures(self, jobs: dict[str, Job]) -> list[str]:
+        """FAILED died-at-boot only after `BOOT_DEATH_LIMIT` attempts in a row that the control plane
+        never heard from before they ended, whose instances EC2 took (no trainer exited), soon after launch."""
+        problems = []
+        for job in jobs.values():
+            if job.state is not JobState.FAILED or job.history[-1].reason is not Reason.DIED_AT_BOOT:
+                continue
+            launched = [a for a in job.attempts if a.instance_ids]
+            for attempt in launched[-BOOT_DEATH_LIMIT:]:
+                heard = self.heard_at.get((job.job_id, attempt.number))
+                if attempt.ended_at is None or (heard is not None and heard <= attempt.ended_at):
+                    problems.append(
+                        f"{job.job_id} failed died-at-boot, but attempt {attempt.number} had reported at {heard}"
+                        f" (record: {attempt.model_dump_json()})"
+                    )
+                elif attempt.first_gone_at is None or attempt.first_gone_at - attempt.started_at > BOOT_WINDOW:
+                    problems.append(f"{job.job_id} failed died-at-boot, but attempt {attempt.number} ran past boot")
+            if len(launched) < BOOT_DEATH_LIMIT and job.retired.boot_deaths_in_a_row == 0:
+                problems.append(f"{job.job_id} failed died-at-boot after {len(launched)} launched attempt(s)")
         return problems
 
     def _overlapping_gangs(self, jobs: dict[str, Job]) -> list[str]:

@@ -1,7 +1,8 @@
 """The randomized proof: any order of events, any lost or repeated event, any failed AWS call.
 
 Hypothesis plays random sequences against the service layer wired to the in-memory fakes
-(`cloud.SimulatedCloud`): submissions and their redeliveries, capacity per pool, spot warnings and
+(`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
+invocations with little time left (a walk cut short mid-ladder), spot warnings and
 reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75 and crashes), instance state changes
 delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler runs,
 and a fault armed at any port call (before it or after it took effect). After every step the
@@ -79,9 +80,14 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
             self.cloud.submit(json.dumps({"cancel_job_id": job_id}), f"cancel-{job_id}")
 
     # ---- EC2 ----------------------------------------------------------------------------------
-    @rule(pool=st.sampled_from(POOLS), available=st.booleans())
-    def capacity(self, pool: tuple[str, str, str], available: bool) -> None:
-        self.cloud.set_capacity(pool, available=available)
+    @rule(pool=st.sampled_from(POOLS), available=st.booleans(), quota=st.booleans())
+    def capacity(self, pool: tuple[str, str, str], available: bool, quota: bool) -> None:
+        self.cloud.set_capacity(pool, available=available, quota=quota)
+
+    @rule(seconds=st.sampled_from((None, 10, 20, 35, 60)))
+    def invocations_run_short(self, seconds: int | None) -> None:
+        """From now on each handler starts with this much time left (None: as much as it needs)."""
+        self.cloud.invocation_seconds = seconds
 
     @rule(which=pick)
     def spot_warning(self, which: int) -> None:

@@ -236,6 +236,7 @@ def test_a_crash_on_one_node_terminates_the_gang_and_retries_until_max_attempts(
 def test_instances_that_vanish_without_a_report_are_replaced_after_a_grace(world: World) -> None:
     job = running(world, capacity="on-demand")
     (iid,) = attempt_instances(world, job.job_id, 1)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=5))  # booted and training
 
     reclaim(world, (iid,))
     assert world.store.get(job.job_id).state is JobState.RUNNING  # a report may still be in flight
@@ -252,6 +253,7 @@ def test_instances_that_vanish_without_a_report_are_replaced_after_a_grace(world
 
 def test_spot_instances_that_vanish_without_a_report_count_as_an_interruption(world: World) -> None:
     job = running(world)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=5))  # booted and training
     reclaim(world, attempt_instances(world, job.job_id, 1))
     world.clock.advance(seconds=91)
 

@@ -62,7 +62,8 @@ def test_a_forecasted_budget_breach_removes_on_demand_rungs() -> None:
     [
         ("InsufficientInstanceCapacity", ErrorKind.NEXT_RUNG),
         ("SpotMaxPriceTooLow", ErrorKind.NEXT_RUNG),
-        ("MaxSpotInstanceCountExceeded", ErrorKind.NEXT_RUNG),
+        ("MaxSpotInstanceCountExceeded", ErrorKind.QUOTA),
+        ("VcpuLimitExceeded", ErrorKind.QUOTA),
         ("InstanceLimitExceeded", ErrorKind.NEXT_RUNG),
         ("Unsupported", ErrorKind.NEXT_RUNG),
         ("RequestLimitExceeded", ErrorKind.TRANSIENT),

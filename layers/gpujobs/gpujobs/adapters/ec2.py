@@ -1,6 +1,7 @@
 """EC2 behind the Compute port: RunInstances from the stack's launch template, tag lookups, terminate.
 
-Capacity refusals become CapacityError so the service walks to the next rung; throttling and
+Capacity refusals become CapacityError so the service walks to the next rung (a vCPU quota's,
+QuotaExceededError, so the job can say which quota); throttling and
 service errors propagate unchanged so the SQS record is retried; anything else is a
 LaunchRejectedError that no other rung would fix. Every instance and volume is tagged on create,
 which is also what the IAM policy requires before RunInstances is allowed at all.
@@ -41,6 +42,7 @@ from gpujobs.service.ports import (
     LaunchRequest,
     LaunchTokenMismatchError,
     PlacementGroup,
+    QuotaExceededError,
     Subnet,
     TaggedInstance,
 )
@@ -146,6 +148,8 @@ class Ec2Compute:
             from gpujobs.domain.ladder import ErrorKind, classify_launch_error  # launches only
 
             kind = classify_launch_error(code)
+            if kind is ErrorKind.QUOTA:
+                raise QuotaExceededError(code, message) from exc
             if kind is ErrorKind.NEXT_RUNG:
                 raise CapacityError(code, message) from exc
             if kind is ErrorKind.TRANSIENT:
@@ -201,6 +205,13 @@ class Ec2Compute:
         for page in self._ec2.get_paginator("describe_instances").paginate(Filters=filters):
             found += [_launched(i) for r in page["Reservations"] for i in r["Instances"]]
         return sorted(found, key=lambda i: i.launch_index)
+
+    def state_reason(self, instance_id: str) -> str | None:
+        reservations = self._ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        for inst in (i for r in reservations for i in r["Instances"]):
+            reason = inst.get("StateReason", {})
+            return reason.get("Message") or reason.get("Code") or None
+        return None
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         if instance_ids:

@@ -15,6 +15,7 @@ the next event or reconciler tick instead of being forgotten behind `executed_at
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from gpujobs.domain.effects import (
@@ -190,15 +191,23 @@ def exit_key(attempt: Attempt, instance_id: str | None, node_rank: int | None) -
 
 
 # ---- instances ----------------------------------------------------------------------------------
-def on_gone(job: Job, instance_ids: tuple[str, ...], *, now: datetime) -> Decision:
-    """Instances seen stopping, stopped or terminated, recorded on their attempts."""
+def on_gone(
+    job: Job, instance_ids: tuple[str, ...], *, now: datetime, reasons: Mapping[str, str] | None = None
+) -> Decision:
+    """Instances seen stopping, stopped or terminated, recorded on their attempts (with EC2's state
+    reason, when the caller read one: what a death at boot says of its cause)."""
     changed = job
     for iid in instance_ids:
         attempt = changed.attempt_of_instance(iid)
         if attempt is None or attempt.is_over or iid in attempt.gone:
             continue
+        said = {iid: cap_detail(reasons[iid])} if reasons and reasons.get(iid) else {}
         updated = attempt.model_copy(
-            update={"gone": (*attempt.gone, iid), "first_gone_at": attempt.first_gone_at or now}
+            update={
+                "gone": (*attempt.gone, iid),
+                "first_gone_at": attempt.first_gone_at or now,
+                "gone_reasons": {**attempt.gone_reasons, **said},
+            }
         )
         if updated.all_gone:
             updated = updated.model_copy(update={"gone_at": now})
@@ -208,9 +217,11 @@ def on_gone(job: Job, instance_ids: tuple[str, ...], *, now: datetime) -> Decisi
     return Decision(Outcome.GONE_RECORDED, changed, detail=f"gone: {', '.join(instance_ids)}")
 
 
-def on_instance_gone(job: Job, instance_ids: tuple[str, ...], *, now: datetime) -> Decision:
+def on_instance_gone(
+    job: Job, instance_ids: tuple[str, ...], *, now: datetime, reasons: Mapping[str, str] | None = None
+) -> Decision:
     """Record the instances gone, then settle: a duplicate event may still find a verdict due."""
-    gone = on_gone(job, instance_ids, now=now)
+    gone = on_gone(job, instance_ids, now=now, reasons=reasons)
     settled = settle(gone.job or job, now=now)
     return settled if gone.job is None else gone.then(settled)
 

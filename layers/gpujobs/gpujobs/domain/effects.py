@@ -106,6 +106,7 @@ class Outcome(StrEnum):
     LAUNCH_HELD = "held by the budget"
     LAUNCHED = "instances launched"
     LAUNCH_ENDED = "launch ended"
+    LAUNCH_PAUSED = "launch paused at the invocation's deadline"
     LAUNCH_ABANDONED = "launch abandoned: the job moved on"
     CANCELLED = "cancelled"
     BUDGET_APPLIED = "budget policy applied"

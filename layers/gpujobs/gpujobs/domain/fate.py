@@ -25,6 +25,17 @@ REPORT_GRACE = timedelta(seconds=90)
 """How long to wait, after an attempt's instances are gone, for exit reports still in flight."""
 STOP_CHECKPOINT_DEADLINE = timedelta(minutes=10)
 """How long a policy stop waits for the checkpoint it asked for before stopping anyway."""
+BOOT_WINDOW = timedelta(minutes=15)
+"""An attempt whose instances were all gone this soon after its launch, with no report of any kind,
+died at boot: an EBS key the instance may not use, an AMI that does not boot, a broken instance
+profile end an instance in its first minutes. A trainer reclaimed later without a word is a loss."""
+BOOT_DEATH_LIMIT = 2
+"""Attempts in a row whose instances died at boot before the job fails: a pool that kills every
+launch is not retried forever (nor counted as spot interruptions, which would relaunch it ~8 times)."""
+BOOT_DEATH_CAUSES = (
+    "likely causes: the account's default EBS key is a customer managed KMS key the stack may not use"
+    " (EbsKmsKeyArn and its grants), an AMI that does not boot this type, or the instance profile"
+)
 MISCONFIGURED_EXIT_CODES = frozenset({ExitCode.CONFIG_ERROR, 2, 126, 127})
 """Exit codes that name a configuration error when no step was made: 78 (EX_CONFIG, the trainer's
 and any script's "misconfigured"), 2 (a usage error; Python's `can't open file`), 126 and 127 (a
@@ -46,6 +57,9 @@ class Verdict(StrEnum):
     """Failed with a configuration error before its first step: a retry would fail the same way."""
     LOST = "lost"
     """Gone without a report and not spot: relaunch, counted against max_attempts."""
+    DIED_AT_BOOT = "died-at-boot"
+    """Gone within `BOOT_WINDOW` of the launch before the bootstrap reported anything (no heartbeat,
+    checkpoint or exit report) and without a spot warning: relaunch until `BOOT_DEATH_LIMIT` in a row."""
     STOPPED = "stopped"
     """A policy stop completed."""
 
@@ -86,6 +100,8 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
     if preempted or attempt.interrupted_at is not None:
         return Judgement(Verdict.INTERRUPTED, "checkpoint saved on preemption" if preempted else "reclaimed")
     missing = [i for i in attempt.instance_ids if i not in codes]
+    if died_at_boot(attempt):
+        return Judgement(Verdict.DIED_AT_BOOT, _boot_death(attempt, missing))
     if attempt.market is Market.SPOT:
         return Judgement(Verdict.INTERRUPTED, f"spot instances gone without a report: {', '.join(missing)}")
     return Judgement(Verdict.LOST, f"instances gone without a report: {', '.join(missing)}")
@@ -97,6 +113,36 @@ def misconfigured(attempt: Attempt, crashed: dict[str, int]) -> bool:
     script that reports no steps at all counts as before its first step until it ends."""
     no_progress = attempt.last_heartbeat_at is None and attempt.checkpoint_step is None
     return no_progress and any(code in MISCONFIGURED_EXIT_CODES for code in crashed.values())
+
+
+def died_at_boot(attempt: Attempt) -> bool:
+    """Every instance gone soon after the launch, and nothing ever heard from the attempt: no report
+    (heartbeat, checkpoint, exit) and no spot warning. Decided on the record alone."""
+    heard = attempt.exit_codes or attempt.last_heartbeat_at is not None or attempt.checkpoint_step is not None
+    if heard or attempt.interrupted_at is not None or not attempt.all_gone or attempt.first_gone_at is None:
+        return False
+    return attempt.first_gone_at - attempt.started_at <= BOOT_WINDOW
+
+
+def boot_deaths_in_a_row(job: Job) -> int:
+    """Attempts that launched instances and ended died-at-boot, newest first, until one that did not
+    (attempts that launched nothing, a walk that found no capacity, do not break the row)."""
+    count = 0
+    for attempt in reversed(job.attempts):
+        if not attempt.instance_ids or not attempt.is_over:
+            continue
+        if attempt.end_reason != Verdict.DIED_AT_BOOT.value:
+            return count
+        count += 1
+    return count + job.retired.boot_deaths_in_a_row
+
+
+def _boot_death(attempt: Attempt, missing: list[str]) -> str:
+    said = "; ".join(f"{i}: {r}" for i, r in sorted(attempt.gone_reasons.items()) if i in missing)
+    ec2 = f"; EC2 said {said}" if said else ""
+    return (
+        f"instances died at boot, before the bootstrap's first report ({', '.join(missing)}){ec2}; {BOOT_DEATH_CAUSES}"
+    )
 
 
 def _config_error(attempt: Attempt, crashed: dict[str, int]) -> str:
@@ -140,6 +186,10 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
         if job.crashes + 1 >= spec.max_attempts:
             return Move(((JobState.FAILED, Reason.CRASHED_TOO_OFTEN),), relaunch=False, counts_crash=True)
         return Move(((JobState.QUEUED, Reason.CRASHED_RETRYING),), relaunch=True, counts_crash=True)
+    if verdict is Verdict.DIED_AT_BOOT:
+        if boot_deaths_in_a_row(job) >= BOOT_DEATH_LIMIT:
+            return Move(((JobState.FAILED, Reason.DIED_AT_BOOT),), relaunch=False)
+        return Move(((JobState.QUEUED, Reason.DIED_AT_BOOT),), relaunch=True)
     if verdict is Verdict.LOST:
         if job.crashes + 1 >= spec.max_attempts:
             return Move(((JobState.FAILED, Reason.INSTANCE_LOST),), relaunch=False, counts_crash=True)

@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from gpujobs.contract import container_name
 from gpujobs.domain.spec import JobSpec
-from gpujobs.domain.states import JobState, Reason, check_transition
+from gpujobs.domain.states import WAITING_FOR_ROOM, JobState, Reason, check_transition
 
 MAX_DETAIL_CHARS = 400
 """Longest free text kept (EC2's capacity messages run to about 300 characters)."""
@@ -111,6 +111,8 @@ class Attempt(_Frozen):
     """When the last of the attempt's instances was seen gone."""
     first_gone_at: datetime | None = None
     """When the first of them was: a node gone without a report breaks the gang after a grace."""
+    gone_reasons: dict[str, str] = Field(default_factory=dict)
+    """EC2's state reason per instance seen gone (DescribeInstances `StateReason`), when it gave one."""
     last_heartbeat_at: datetime | None = None
     heartbeat_step: int | None = None
     checkpoint_signalled_at: datetime | None = None
@@ -180,12 +182,16 @@ class RetiredAttempts(_Frozen):
     """Wall time the retired attempts held instances."""
     usage: tuple[PoolUsage, ...] = ()
     no_capacity_in_a_row: int = 0
-    """How many of the newest retired attempts found no capacity, so the retry backoff keeps growing."""
+    """How many of the newest retired attempts found no capacity (or no quota), so the retry backoff keeps growing."""
+    boot_deaths_in_a_row: int = 0
+    """How many of the newest retired attempts that launched instances saw them die at boot
+    (`fate.boot_deaths_in_a_row` goes on counting past the record's kept attempts)."""
 
     def including(self, attempt: Attempt) -> RetiredAttempts:
-        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason == Reason.NO_CAPACITY.value else 0
+        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason in WAITING_FOR_ROOM else 0
         if not attempt.instance_ids or attempt.ended_at is None:
             return self.model_copy(update={"count": self.count + 1, "no_capacity_in_a_row": in_a_row})
+        boot_deaths = self.boot_deaths_in_a_row + 1 if attempt.end_reason == Reason.DIED_AT_BOOT.value else 0
         held = (attempt.ended_at - attempt.started_at).total_seconds()
         market = attempt.market or Market.ON_DEMAND
         pool = (attempt.instance_type or "", attempt.zone, market)
@@ -215,6 +221,7 @@ class RetiredAttempts(_Frozen):
             runtime_seconds=self.runtime_seconds + held,
             usage=tuple(usage),
             no_capacity_in_a_row=in_a_row,
+            boot_deaths_in_a_row=boot_deaths,
         )
 
     @property

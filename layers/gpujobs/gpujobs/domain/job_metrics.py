@@ -3,7 +3,7 @@
 The decisions' own metrics (`Decision.metrics`) are plain counts. Launches and capacity refusals
 by pool, and cost by team, need dimensions, and each is visible as a difference between the record
 read and the record written: an attempt that gained its instances was launched, a refusal appended
-to an attempt's tries was a capacity refusal, an attempt that gained its end stopped costing. So
+to an attempt's tries was a capacity refusal (or, by its code, a vCPU quota's), an attempt that gained its end stopped costing. So
 they are derived here, once, from every write that passes `service.changes.change`, whichever
 decision made it; a write retried after a lost race is derived from the record that won.
 
@@ -17,10 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpujobs.domain.cost import UnpricedError, price_erring_high
-from gpujobs.domain.job import Attempt, Job, Market
+from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
 
 LAUNCHES = "Launches"
 CAPACITY_REFUSALS = "CapacityRefusals"
+QUOTA_REFUSALS = "QuotaRefusals"
+"""A vCPU quota's refusal (`domain.quotas`), by quota code: not counted as a capacity refusal."""
 TEAM_COST = "EstimatedCostUsd"
 
 
@@ -50,7 +52,23 @@ def _refusals(attempt: Attempt, earlier: Attempt | None) -> list[JobMetric]:
     seen = (len(earlier.tries) + earlier.tries_dropped) if earlier else 0
     new = len(attempt.tries) + attempt.tries_dropped - seen
     fresh = attempt.tries[-new:] if new > 0 else ()
-    return [JobMetric(CAPACITY_REFUSALS, 1.0, _pool(t.instance_type, t.market)) for t in fresh]
+    if not fresh:
+        return []
+    from gpujobs.domain.quotas import is_quota_refusal  # launches only: no cold start loads the quota table
+
+    return [
+        JobMetric(QUOTA_REFUSALS, 1.0, (("Quota", _quota_label(t)),))
+        if is_quota_refusal(t.error_code)
+        else JobMetric(CAPACITY_REFUSALS, 1.0, _pool(t.instance_type, t.market))
+        for t in fresh
+    ]
+
+
+def _quota_label(refused: LaunchTry) -> str:
+    from gpujobs.domain.quotas import family, quota_for
+
+    quota = quota_for(refused.instance_type, refused.market)
+    return quota.code if quota else f"{family(refused.instance_type)} {refused.market.value}"
 
 
 def _pool(instance_type: str, market: Market | None) -> tuple[tuple[str, str], ...]:

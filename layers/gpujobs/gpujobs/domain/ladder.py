@@ -17,8 +17,9 @@ from enum import StrEnum
 
 from gpujobs.domain.deadline import DeadlineMarkets, latest_retry
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.spec import Capacity, JobSpec
-from gpujobs.domain.states import Reason
+from gpujobs.domain.states import WAITING_FOR_ROOM
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,9 @@ def plan_ladder(
 
 class ErrorKind(StrEnum):
     NEXT_RUNG = "next-rung"
-    """No capacity or quota in this pool: try the next rung."""
+    """No capacity in this pool: try the next rung."""
+    QUOTA = "quota"
+    """A vCPU quota of the Region refused it (`domain.quotas`): try the next rung, and say which quota."""
     TRANSIENT = "transient"
     """Throttling or a service error: retry the same request later."""
     FATAL = "fatal"
@@ -98,9 +101,7 @@ CAPACITY_ERROR_CODES = frozenset(
         "InsufficientHostCapacity",
         "InsufficientReservedInstanceCapacity",
         "SpotMaxPriceTooLow",
-        "MaxSpotInstanceCountExceeded",
         "InstanceLimitExceeded",
-        "VcpuLimitExceeded",
         "Unsupported",
         "UnsupportedOperation",
         "InvalidParameterCombination",
@@ -124,6 +125,8 @@ TRANSIENT_ERROR_CODES = frozenset(
 
 
 def classify_launch_error(code: str) -> ErrorKind:
+    if code in QUOTA_ERROR_CODES:
+        return ErrorKind.QUOTA
     if code in CAPACITY_ERROR_CODES:
         return ErrorKind.NEXT_RUNG
     if code in TRANSIENT_ERROR_CODES:
@@ -161,7 +164,7 @@ def next_try_at(job: Job, *, now: datetime, jitter: float) -> datetime:
 def capacity_failures_in_a_row(job: Job) -> int:
     count = 0
     for attempt in reversed(job.attempts):
-        if attempt.end_reason != Reason.NO_CAPACITY.value and attempt.ended_at is not None:
+        if attempt.end_reason not in WAITING_FOR_ROOM and attempt.ended_at is not None:
             return count
         count += 1
     return count + job.retired.no_capacity_in_a_row

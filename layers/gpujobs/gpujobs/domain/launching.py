@@ -22,14 +22,15 @@ from gpujobs.domain.effects import (
     TerminateJobInstances,
     ignore,
 )
-from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
+from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, cap_detail
 from gpujobs.domain.states import JobState, Reason
 
 LAUNCH_LEASE = timedelta(minutes=11)
 """How long a launcher owns a LAUNCHING attempt before a retry may take it over.
 
 Longer than any launching function's timeout (Submit: 600 s), so a launcher still walking the
-ladder is never taken over by a second one; shorter than the queue's visibility timeout (3600 s),
+ladder is never taken over by a second one (a walk stops short of its invocation's deadline and
+gives the lease up, `pause_launch`); shorter than the queue's visibility timeout (3600 s),
 so a message redelivered after a crashed launch finds the lease expired and finishes the launch
 (adopting any instances the crashed one started). A launch that fails cleanly releases it at once.
 """
@@ -156,6 +157,20 @@ def end_launch(
     changes: dict[str, object] = {"next_try_at": next_try_at} if target is JobState.QUEUED else {}
     moved = job.with_attempt(ended, now=now).transition(target, reason, now=now, detail=detail, **changes)
     return Decision(Outcome.LAUNCH_ENDED, moved, detail=detail)
+
+
+def pause_launch(
+    job: Job, *, attempt_number: int, tries: tuple[LaunchTry, ...], now: datetime, detail: str
+) -> Decision:
+    """A walk cut short by its invocation's deadline: keep the rungs it tried and give the lease up
+    at once, so whichever launch comes next (the reconciler's next tick) takes the attempt over and
+    walks only the rungs not yet tried. Still LAUNCHING: nothing was refused for good."""
+    attempt = job.current_attempt
+    if attempt is None or attempt.number != attempt_number or attempt.is_over or job.state is not JobState.LAUNCHING:
+        return ignore(Outcome.ALREADY_HANDLED, "the launch was taken over or the job moved on")
+    paused = attempt.model_copy(update={"tries": tries, "lease_expires_at": now})
+    recorded = job.with_attempt(paused, now=now).model_copy(update={"status_detail": cap_detail(detail)})
+    return Decision(Outcome.LAUNCH_PAUSED, recorded, detail=detail)
 
 
 def cancel(job: Job, *, now: datetime) -> Decision:

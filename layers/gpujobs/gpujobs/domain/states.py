@@ -48,6 +48,7 @@ class Reason(StrEnum):
     LAUNCH_STARTED = "launch-started"
     INSTANCES_LAUNCHED = "instances-launched"
     NO_CAPACITY = "no-capacity"
+    QUOTA_EXCEEDED = "quota-exceeded"
     BUDGET_HOLD = "budget-hold"
     LAUNCH_FAILED = "launch-failed"
     SPOT_INTERRUPTION = "spot-interruption"
@@ -58,6 +59,7 @@ class Reason(StrEnum):
     CRASHED_TOO_OFTEN = "crashed-too-often"
     CONFIG_ERROR = "config-error"
     INSTANCE_LOST = "instance-lost"
+    DIED_AT_BOOT = "died-at-boot"
     INTERRUPTED_TOO_OFTEN = "interrupted-too-often"
     USER_CANCELLED = "user-cancelled"
     IDLE = "idle"
@@ -83,9 +85,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(None, JobState.REJECTED, Reason.INVALID_SPEC, "the submission failed validation"),
     Transition(Q, L, Reason.LAUNCH_STARTED, "capacity is being requested for a new attempt"),
     Transition(Q, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
+    Transition(Q, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
     Transition(Q, Q, Reason.BUDGET_HOLD, "the team's budget is exhausted; launches are held"),
     Transition(L, R, Reason.INSTANCES_LAUNCHED, "RunInstances returned the whole gang"),
     Transition(L, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
+    Transition(L, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
     Transition(L, Q, Reason.BUDGET_HOLD, "the budget was exhausted before the launch"),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
@@ -95,6 +99,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, Q, Reason.CRASHED_RETRYING, "the attempt crashed; attempts remain"),
     Transition(R, Q, Reason.INSTANCE_LOST, "on-demand instances vanished without a report; relaunch"),
     Transition(R, JobState.FAILED, Reason.INSTANCE_LOST, "instances vanished without a report once too often"),
+    Transition(R, Q, Reason.DIED_AT_BOOT, "the instances died before the bootstrap's first report; relaunch"),
+    Transition(
+        R, JobState.FAILED, Reason.DIED_AT_BOOT, "instances died at boot in attempts in a row: launching is broken"
+    ),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
     Transition(
         R, JobState.FAILED, Reason.CONFIG_ERROR, "a configuration error before the first step; a retry fails alike"
@@ -102,6 +110,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(INT, L, Reason.REPLACEMENT_LAUNCHING, "the replacement attempt is being launched"),
     Transition(INT, JobState.SUCCEEDED, Reason.COMPLETED, "the reclaimed attempt finished before any replacement"),
     Transition(INT, Q, Reason.NO_CAPACITY, "no pool had capacity for the replacement; retry later"),
+    Transition(INT, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the replacement; retry later"),
     Transition(INT, Q, Reason.BUDGET_HOLD, "the budget is exhausted; the replacement is held"),
     Transition(INT, JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN, "spot-only job past max_interruptions"),
     *(Transition(s, JobState.CANCELLED, Reason.USER_CANCELLED, "a user cancelled the job") for s in _ACTIVE),
@@ -116,6 +125,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         )
     ),
 )
+
+WAITING_FOR_ROOM = frozenset({Reason.NO_CAPACITY.value, Reason.QUOTA_EXCEEDED.value})
+"""An attempt's `end_reason` when its walk launched nowhere and the job waits: the capacity backoff grows over these."""
 
 _BY_KEY = {(t.source, t.target, t.reason): t for t in TRANSITIONS}
 
@@ -173,7 +185,10 @@ STATE_MEANINGS: dict[JobState, str] = {
     JobState.RUNNING: "The attempt's instances exist and run the training container.",
     JobState.INTERRUPTED: "A spot interruption is under way: the old attempt checkpoints while a replacement is found.",
     JobState.SUCCEEDED: "Every node's container exited 0.",
-    JobState.FAILED: "Crashed more than max_attempts times, interrupted past its limit, or could never launch.",
+    JobState.FAILED: (
+        "Crashed more than max_attempts times, interrupted past its limit, its instances died at boot"
+        " attempt after attempt, or could never launch."
+    ),
     JobState.CANCELLED: "Cancelled by a user; its instances were terminated.",
     JobState.STOPPED: "Stopped by policy (idle GPUs, budget, runtime or cost cap) after a safe checkpoint.",
     JobState.REJECTED: "The submission was not a valid job spec; nothing was launched.",

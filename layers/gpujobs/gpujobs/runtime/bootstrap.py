@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 import boto3
 from botocore.config import Config
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from types_boto3_ssm import SSMClient
     from types_boto3_sts import STSClient
 
+    from gpujobs.adapters.quotas import ServiceQuotasClient
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.service.budgeting import BudgetReactions
     from gpujobs.service.reactions import Reactions
@@ -60,6 +61,35 @@ _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeou
 class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+
+class InvocationTimeLeft(threading.local):
+    """`Ports.time_left` in a Lambda container: the remaining time of the invocation in progress.
+
+    The ports are built once per container, the context is new each invocation: every handler that
+    may launch binds its context first (`bind_context`), so a ladder walk stops short of this
+    invocation's deadline, never a previous one's. Per thread: the local cloud runs handlers on several."""
+
+    remaining_ms: Callable[[], int] | None = None
+
+    def bind(self, remaining_ms: Callable[[], int] | None) -> None:
+        self.remaining_ms = remaining_ms
+
+    def __call__(self) -> timedelta | None:
+        remaining = self.remaining_ms
+        return None if remaining is None else timedelta(milliseconds=remaining())
+
+
+TIME_LEFT = InvocationTimeLeft()
+
+
+class _HasRemainingTime(Protocol):
+    def get_remaining_time_in_millis(self) -> int: ...
+
+
+def bind_context(context: _HasRemainingTime) -> None:
+    """The first line of a handler that may launch: its walks stop before this invocation's deadline."""
+    TIME_LEFT.bind(context.get_remaining_time_in_millis)
 
 
 # One overload per service the control plane calls, so that mypy checks each adapter gets its client.
@@ -85,6 +115,12 @@ def lazy_client(service: AwsService, settings: Settings) -> BaseClient:
     return cast(
         "BaseClient", _LazyClient(functools.partial(boto3.client, service, region_name=settings.region, config=_CONFIG))
     )
+
+
+def service_quotas_client(settings: Settings) -> ServiceQuotasClient:
+    """Service Quotas' client, created on first use (no typed stubs: the adapter's protocol types it)."""
+    make = functools.partial(boto3.client, "service-quotas", region_name=settings.region, config=_CONFIG)
+    return cast("ServiceQuotasClient", _LazyClient(make))
 
 
 _CREATING = threading.Lock()
@@ -149,6 +185,7 @@ def build_ports(settings: Settings) -> Ports:
     """The real ports, once per Lambda container; no client is created before its first call."""
     # Imported here, not at the top: the handlers configure Powertools (observability) from their own
     # environment when they are imported; wiring must not create its logger and metrics earlier.
+    from gpujobs.adapters.quotas import Ec2ServiceQuotas
     from gpujobs.runtime.observability import EmfMetrics, count_record_too_large
 
     blobs = S3BlobStore(client=lazy_client("s3", settings), bucket=settings.checkpoint_bucket)
@@ -180,6 +217,8 @@ def build_ports(settings: Settings) -> Ports:
             stack_name=settings.stack_name,
         ),
         metrics=EmfMetrics(),
+        quotas=Ec2ServiceQuotas(client=service_quotas_client(settings)),
+        time_left=TIME_LEFT,
     )
 
 

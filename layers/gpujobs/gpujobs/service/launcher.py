@@ -3,17 +3,20 @@
 `JobService.launch` claims the launch (a conditional write with a lease) and hands the claimed job
 here. The walk adopts a gang a crashed launcher already started (never launching twice), replaces an
 incomplete one, then tries each rung of `domain.ladder` in order, recording every refusal, and ends
-the attempt RUNNING, QUEUED (no capacity: retried after a jittered backoff) or FAILED (a refusal no
-rung can fix). Only launches need this module and what it imports (run documents, hardware, the
+the attempt RUNNING, QUEUED (no capacity, or a vCPU quota's refusal named with its value: retried
+after a jittered backoff) or FAILED (a refusal no rung can fix). A walk stops trying rungs
+`WALK_RESERVE` before its invocation's deadline (`Ports.time_left`): the attempt stays LAUNCHING with
+its refusals recorded and its lease given up, and the next launch (the reconciler's next tick) walks
+only the rungs not yet tried. Only launches need this module and what it imports (run documents, hardware, the
 ladder): it is imported on the first launch, never by a function's cold start.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpujobs.domain.deadline import launch_markets
@@ -23,7 +26,8 @@ from gpujobs.domain.hardware import efa_interfaces
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
 from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
-from gpujobs.domain.launching import LAUNCH_LEASE, Gang, end_launch, record_launch
+from gpujobs.domain.launching import LAUNCH_LEASE, Gang, end_launch, pause_launch, record_launch
+from gpujobs.domain.quotas import QuotaRefusal, is_quota_refusal, quota_detail, quota_refused_pools, refused_by_quota
 from gpujobs.domain.rundoc import RunDocumentPointer, run_document
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.config import LaunchConfig
@@ -55,6 +59,10 @@ class JobWrites(Protocol):
 
 
 log = logging.getLogger(__name__)
+
+WALK_RESERVE = timedelta(seconds=15)
+"""A rung is tried only while this much of the invocation is left: one RunInstances of a gang can
+take several seconds, and the walk's own write (the gang, or the pause) must land before the timeout."""
 
 
 @dataclass(frozen=True)
@@ -112,11 +120,15 @@ class Launcher:
         user_data = self._user_data(job, attempt)
         security_group = self.ports.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
-        for rung in ladder:
+        for rung in _untried(ladder, attempt.tries):
+            if (rung.instance_type, rung.market) in quota_refused_pools(tries):
+                continue  # the Region's quota refused this type and market: no other zone has room
+            if self._out_of_time():
+                return self._pause(job, tries, ladder)
             request = replace(self._request(job, attempt, rung, user_data), security_group_id=security_group)
             try:
                 launched = self.ports.compute.run_instances(request)
-            except CapacityError as exc:
+            except CapacityError as exc:  # QuotaExceededError too: the next rung may be another quota's
                 tries.append(_try(rung, exc.code, exc.message, self.ports.clock.now()))
                 if exc.code == PLACEMENT_GROUP_LIMIT_EXCEEDED:
                     break  # no rung fixes it; the reconciler's sweep of ended jobs' groups does
@@ -137,8 +149,42 @@ class Launcher:
             return self._end_launch(
                 job, tries, JobState.FAILED, Reason.LAUNCH_FAILED, "no market is allowed by the spec"
             )
-        summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in tries)
+        others = [t for t in tries if not is_quota_refusal(t.error_code)]
+        summary = ", ".join(f"{t.instance_type}/{t.zone}/{t.market}: {t.error_code}" for t in others)
+        quotas = refused_by_quota(tries)
+        if quotas:
+            detail = quota_detail(self._with_values(quotas), others=f"no capacity ({summary})" if summary else "")
+            return self._end_launch(job, tries, JobState.QUEUED, Reason.QUOTA_EXCEEDED, detail)
         return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
+
+    def _out_of_time(self) -> bool:
+        left = self.ports.time_left()
+        return left is not None and left < WALK_RESERVE
+
+    def _pause(self, job: Job, tries: list[LaunchTry], ladder: Sequence[Rung]) -> Job:
+        """The invocation's deadline is near: keep what was tried, give the lease up, let the next tick go on."""
+        left = len(list(_untried(ladder, tuple(tries))))
+        detail = f"launching: {len(tries)} rung(s) refused, {left} left for the next run (this one's time ran out)"
+        number = self._attempt_number(job)
+        now = self.ports.clock.now
+        applied = self.jobs.change(
+            job.job_id,
+            lambda current: pause_launch(current, attempt_number=number, tries=tuple(tries), now=now(), detail=detail),
+        )
+        return applied.after
+
+    def _with_values(self, refusals: list[QuotaRefusal]) -> list[QuotaRefusal]:
+        """Each refused quota with its value from Service Quotas; a value that cannot be read stays unknown."""
+        valued = []
+        for refusal in refusals:
+            value = None
+            if refusal.quota is not None:
+                try:
+                    value = self.ports.quotas.current_value(refusal.quota.code)
+                except Exception:  # the port never raises; a status must not fail on it regardless
+                    log.warning("could not read quota %s", refusal.quota.code, exc_info=True)
+            valued.append(replace(refusal, value=value))
+        return valued
 
     def _request(self, job: Job, attempt: Attempt, rung: Rung, user_data: str | bytes) -> LaunchRequest:
         spec = job.require_spec()
@@ -271,6 +317,12 @@ def _try(rung: Rung, code: str, message: str, now: datetime) -> LaunchTry:
         error_code=code,
         message=message,
     )
+
+
+def _untried(ladder: Sequence[Rung], tries: Sequence[LaunchTry]) -> Iterator[Rung]:
+    """The rungs this attempt has not tried yet: a walk that a deadline cut short goes on where it stopped."""
+    tried = {(t.instance_type, t.subnet_id, t.market) for t in tries}
+    return (r for r in ladder if (r.instance_type, r.subnet_id, r.market) not in tried)
 
 
 def _reclaimed_pool(job: Job) -> tuple[str, str, Market] | None:

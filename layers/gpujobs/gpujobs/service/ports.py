@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from gpujobs.domain.budget import BudgetPolicy
@@ -150,6 +150,11 @@ class CapacityError(Exception):
         self.message = message
 
 
+class QuotaExceededError(CapacityError):
+    """A vCPU quota of the Region refused this rung (`VcpuLimitExceeded`, `MaxSpotInstanceCountExceeded`):
+    no zone of its (type, market) has room, other rungs may; the job says which quota (`domain.quotas`)."""
+
+
 class LaunchRejectedError(Exception):
     """EC2 refused the request for a reason that no other rung or retry will fix."""
 
@@ -176,13 +181,19 @@ class Compute(Protocol):
         """The stack's subnets, in configured order, each with its availability zone."""
 
     def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
-        """Launch `count` instances or none. CapacityError / LaunchRejectedError on refusal;
+        """Launch `count` instances or none. CapacityError (QuotaExceededError for a vCPU quota) /
+        LaunchRejectedError on refusal;
         LaunchTokenMismatchError when the client token was used before with other parameters."""
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         """Non-terminated instances tagged with this job (and attempt)."""
 
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
+
+    def state_reason(self, instance_id: str) -> str | None:
+        """EC2's `StateReason` of a stopped or terminated instance (DescribeInstances shows a
+        terminated one for about an hour), e.g. `Client.InternalError: Client error on launch`; None
+        when there is none."""
 
     def stop(self, instance_ids: Sequence[str]) -> None:
         """Stop (not terminate) on-demand instances; spot instances cannot be stopped."""
@@ -229,6 +240,21 @@ class PlacementGroup:
     name: str
     job_id: str
     attempt: int
+
+
+class ServiceQuotas(Protocol):
+    def current_value(self, quota_code: str) -> float | None:
+        """The applied value of an EC2 quota (Service Quotas `GetServiceQuota`, service `ec2`);
+        None when it cannot be read (refused, throttled, unknown code): never raises."""
+
+
+class _UnknownQuotas:
+    def current_value(self, quota_code: str) -> float | None:  # noqa: ARG002 - nothing is known
+        return None
+
+
+def _no_deadline() -> timedelta | None:
+    return None
 
 
 class Signaller(Protocol):
@@ -413,3 +439,8 @@ class Ports:
     """The capacity-wait backoff's jitter (`domain.ladder.next_try_at`)."""
     backoff: Backoff = field(default_factory=Backoff)
     """Between tries of a lost race (`changes.change`)."""
+    quotas: ServiceQuotas = field(default_factory=_UnknownQuotas)
+    """The EC2 vCPU quotas' values, named in a job a quota refused; the default knows none."""
+    time_left: Callable[[], timedelta | None] = _no_deadline
+    """Time left before the invocation's deadline (the Lambda context's remaining time; None: no
+    deadline). A ladder walk stops trying rungs short of it and hands the rest to the reconciler."""

@@ -17,6 +17,7 @@ it (`OTHER_STACK`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +30,8 @@ from gpujobs.domain.reports import INSTANCE_ID, Report
 from gpujobs.domain.states import Reason
 from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import JobNotFoundError, Ports
+
+log = logging.getLogger(__name__)
 
 Decide = Callable[[Job, datetime], Decision]
 
@@ -102,9 +105,25 @@ class Reactions:
         duplicate: a verdict may have become due since)."""
         if state not in GONE_STATES:
             return Reaction(Outcome.NOT_AN_END, detail=f"state {state} changes nothing")
+        reasons = self._unheard_state_reason(instance_id)
         return self._react_to_instance(
-            instance_id, lambda job, now: decisions.on_instance_gone(job, (instance_id,), now=now)
+            instance_id, lambda job, now: decisions.on_instance_gone(job, (instance_id,), now=now, reasons=reasons)
         )
+
+    def _unheard_state_reason(self, instance_id: str) -> dict[str, str]:
+        """EC2's state reason for an instance of an attempt that never reported (it may have died at
+        boot: the reason is what `gpujobs status` shows of why); nothing for any other, so a job's
+        normal end costs no extra call. Best effort: a refused DescribeInstances gives no reason."""
+        job = self.ports.store.find_by_instance(instance_id) if INSTANCE_ID.fullmatch(instance_id) else None
+        attempt = job.attempt_of_instance(instance_id) if job is not None else None
+        if attempt is None or attempt.is_over or attempt.exit_codes or attempt.last_heartbeat_at is not None:
+            return {}
+        try:
+            reason = self.ports.compute.state_reason(instance_id)
+        except Exception:
+            log.warning("could not read the state reason of %s", instance_id, exc_info=True)
+            return {}
+        return {instance_id: reason} if reason else {}
 
     def record_gone(self, job_id: str, instance_ids: tuple[str, ...]) -> Reaction:
         """Instances the reconciler found gone without an event; judged by the next `settle()`."""
