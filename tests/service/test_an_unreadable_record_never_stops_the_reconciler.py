@@ -17,8 +17,8 @@ import pytest
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import UnreadableJobError
-from gpujobs.service.reconcile import ORPHAN_GRACE
 from gpujobs.service.repairs import Repair
+from gpujobs.service.sweeps import ORPHAN_GRACE
 from tests.service.conftest import World, spec
 
 

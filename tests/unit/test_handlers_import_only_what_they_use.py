@@ -91,6 +91,7 @@ LAUNCH_ONLY = {
 NOT_AT_IMPORT = {
     "gpujobs.domain.yaml_documents",
     "gpujobs.service.reconcile",
+    "gpujobs.service.sweeps",
     "gpujobs.service.budgeting",
     "gpujobs.service.reports",
     "gpujobs.domain.budget_alerts",

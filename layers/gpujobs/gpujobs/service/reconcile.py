@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from gpujobs.contract import GONE_STATES, IDLE_DETECTION_OFF, STOPPED_STATES, UP_STATES
+from gpujobs.contract import GONE_STATES, IDLE_DETECTION_OFF
 from gpujobs.domain import decisions
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
@@ -58,14 +58,13 @@ from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
 from gpujobs.service.jobs import JobService
-from gpujobs.service.ports import IdleAlarmState, JobNotFoundError, Ports, TaggedInstance, UnreadableJobError
+from gpujobs.service.ports import IdleAlarmState, Ports, TaggedInstance, UnreadableJobError
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.repairs import ReconcileReport, Repair
+from gpujobs.service.sweeps import StackSweeps
 
 log = logging.getLogger(__name__)
 
-ORPHAN_GRACE = timedelta(minutes=10)
-"""An instance younger than this may belong to a launch whose record is being written."""
 MAX_ACTIVE_JOBS = 5000
 LAUNCH_WORK_RESERVE = timedelta(seconds=30)
 """Launch work starts only while this much of the run is left: one ladder walk fits in it."""
@@ -92,8 +91,9 @@ class Reconciler:
             by_job[inst.job_id].append(inst)
         report.active_jobs, report.live_instances = len(active), len(instances)
         report.jobs_by_state.update(job.state.value for job in active.values())
+        sweeps = StackSweeps(ports, self.jobs)
         try:
-            self._sweep_placement_groups(active, unreadable, report)  # first: a launch below may need a free group
+            sweeps.sweep_placement_groups(active, unreadable, report)  # first: a launch below may need a free group
         except Exception:
             log.exception("sweeping placement groups failed")
             report.count(Repair.ERRORS)
@@ -118,8 +118,8 @@ class Reconciler:
                 self._guarded(job, report, lambda j: self._settle_between_attempts(j, by_job[j.job_id], report))
         if alarmed is not None:
             self._delete_leaked_alarms(alarmed - watched, report)
-        self._terminate_orphans(instances, active, unreadable, now, report)
-        self._delete_ended_jobs_security_groups(active, unreadable, by_job, report)
+        sweeps.terminate_orphans(instances, active, unreadable, now, report)
+        sweeps.delete_ended_jobs_security_groups(active, unreadable, by_job, report)
         work = _launch_work(active.values(), now)
         for done, job in enumerate(work):
             if deadline is not None and ports.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
@@ -334,85 +334,6 @@ class Reconciler:
             )
         return prices
 
-    # ---- stack-wide -------------------------------------------------------------------------------
-    def _terminate_orphans(
-        self,
-        instances: list[TaggedInstance],
-        active: dict[str, Job],
-        unreadable: set[str],
-        now: datetime,
-        report: ReconcileReport,
-    ) -> None:
-        suspects: dict[str, list[TaggedInstance]] = defaultdict(list)
-        for inst in instances:
-            if inst.job_id in unreadable:
-                continue  # its job may well be running them: nothing here can tell
-            if now - inst.launched_at >= ORPHAN_GRACE and _is_orphan(active.get(inst.job_id), inst):
-                suspects[inst.job_id].append(inst)
-        orphans: list[str] = []
-        for job_id, candidates in suspects.items():
-            try:
-                fresh = self._consistent_read(job_id)
-            except UnreadableJobError:
-                report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates))
-                continue
-            confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i)]
-            if len(confirmed) < len(candidates):
-                report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates) - len(confirmed))
-            orphans += confirmed
-        if orphans:
-            log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)
-            self.jobs.carry_out([Terminate(tuple(orphans))])
-            report.count(Repair.ORPHANS_TERMINATED, len(orphans))
-
-    def _sweep_placement_groups(self, active: dict[str, Job], unreadable: set[str], report: ReconcileReport) -> None:
-        """Delete the groups of ended attempts and jobs: a Region holds only 500 placement groups.
-
-        A group whose attempt looks unfinished in the active view is kept; any other is re-read
-        consistently first (the view is eventually consistent, and a launch creates its group right
-        after its claim is saved). A group still holding instances is retried on the next tick.
-        """
-        for group in self.ports.compute.list_placement_groups():
-            if group.job_id in unreadable or _attempt_unfinished(active.get(group.job_id), group.attempt):
-                continue
-            try:
-                if _attempt_unfinished(self._consistent_read(group.job_id), group.attempt):
-                    continue
-            except UnreadableJobError:
-                continue
-            if self.ports.compute.delete_placement_group(group.name):
-                report.count(Repair.PLACEMENT_GROUPS_DELETED)
-
-    def _delete_ended_jobs_security_groups(
-        self,
-        active: dict[str, Job],
-        unreadable: set[str],
-        by_job: dict[str, list[TaggedInstance]],
-        report: ReconcileReport,
-    ) -> None:
-        """A job's security group outlives its instances by up to a minute: EC2 refuses to delete a
-        group an interface still uses, so it goes here once the job is over (by a consistent read:
-        a group created for a launch the index does not show yet is never taken) and nothing of the
-        job is left. Stopped instances a STOPPED job keeps also keep their group."""
-        compute = self.ports.compute
-        for group in compute.job_security_groups():
-            if group.job_id in active or group.job_id in unreadable or by_job.get(group.job_id):
-                continue
-            try:
-                job = self._consistent_read(group.job_id)
-            except UnreadableJobError:
-                continue
-            if job is not None and job.state in ACTIVE_STATES:
-                continue
-            if compute.delete_security_group(group.group_id):
-                report.count(Repair.JOB_SECURITY_GROUPS_DELETED)
-
-    def _consistent_read(self, job_id: str) -> Job | None:
-        try:
-            return self.ports.store.get(job_id)
-        except JobNotFoundError:
-            return None
-
     def _budget_holds(self, today: date, report: ReconcileReport) -> list[BudgetPolicy]:
         """Lift the policies that have lapsed; return the holds still in force."""
         budgets = self.ports.budgets
@@ -461,21 +382,3 @@ def _launch_work(jobs: Iterable[Job], now: datetime) -> list[Job]:
             queued.append(job)
     queued.sort(key=lambda j: j.next_try_at or j.updated_at)
     return [*replacements, *stuck, *queued]
-
-
-def _is_orphan(job: Job | None, inst: TaggedInstance) -> bool:
-    """An instance no active attempt accounts for: its job is unknown or over, its attempt unknown,
-    or its attempt ended while the instance still runs. The stopped instances of the last attempt
-    of a job that ended STOPPED are kept on purpose (see the module docstring)."""
-    if job is not None and job.state is JobState.STOPPED and inst.state in STOPPED_STATES:
-        current = job.current_attempt
-        return current is None or current.number != inst.attempt
-    if job is None or job.state.is_terminal:
-        return True
-    attempt = job.attempt(inst.attempt)
-    return attempt is None or (attempt.is_over and inst.state in UP_STATES)
-
-
-def _attempt_unfinished(job: Job | None, number: int) -> bool:
-    attempt = job.attempt(number) if job is not None else None
-    return job is not None and not job.state.is_terminal and attempt is not None and not attempt.is_over

@@ -1,0 +1,130 @@
+"""The reconciler's stack-wide sweeps: orphan instances, placement groups and security groups that
+no active attempt accounts for (`service.reconcile` runs them once a pass; its docstring says when).
+
+Each acts only after a consistent read of the job agrees: the `ByState` index the pass lists from
+is eventually consistent, and a launch creates its group or instances right after its claim is
+saved. A job whose record this release cannot read (`unreadable`) keeps everything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from gpujobs.contract import STOPPED_STATES, UP_STATES
+from gpujobs.domain.effects import Terminate
+from gpujobs.domain.job import Job
+from gpujobs.domain.states import ACTIVE_STATES, JobState
+from gpujobs.service.jobs import JobService
+from gpujobs.service.ports import JobNotFoundError, Ports, TaggedInstance, UnreadableJobError
+from gpujobs.service.repairs import ReconcileReport, Repair
+
+log = logging.getLogger(__name__)
+
+ORPHAN_GRACE = timedelta(minutes=10)
+"""An instance younger than this may belong to a launch whose record is being written."""
+
+
+@dataclass(frozen=True)
+class StackSweeps:
+    ports: Ports
+    jobs: JobService
+    """For the actuator: an orphan's Terminate is an effect like any other (counted if it fails)."""
+
+    def terminate_orphans(
+        self,
+        instances: list[TaggedInstance],
+        active: dict[str, Job],
+        unreadable: set[str],
+        now: datetime,
+        report: ReconcileReport,
+    ) -> None:
+        suspects: dict[str, list[TaggedInstance]] = defaultdict(list)
+        for inst in instances:
+            if inst.job_id in unreadable:
+                continue  # its job may well be running them: nothing here can tell
+            if now - inst.launched_at >= ORPHAN_GRACE and _is_orphan(active.get(inst.job_id), inst):
+                suspects[inst.job_id].append(inst)
+        orphans: list[str] = []
+        for job_id, candidates in suspects.items():
+            try:
+                fresh = self.consistent_read(job_id)
+            except UnreadableJobError:
+                report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates))
+                continue
+            confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i)]
+            if len(confirmed) < len(candidates):
+                report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates) - len(confirmed))
+            orphans += confirmed
+        if orphans:
+            log.warning("terminating %d orphan instance(s): %s", len(orphans), orphans)
+            self.jobs.carry_out([Terminate(tuple(orphans))])
+            report.count(Repair.ORPHANS_TERMINATED, len(orphans))
+
+    def sweep_placement_groups(self, active: dict[str, Job], unreadable: set[str], report: ReconcileReport) -> None:
+        """Delete the groups of ended attempts and jobs: a Region holds only 500 placement groups.
+
+        A group whose attempt looks unfinished in the active view is kept; any other is re-read
+        consistently first (the view is eventually consistent, and a launch creates its group right
+        after its claim is saved). A group still holding instances is retried on the next tick.
+        """
+        for group in self.ports.compute.list_placement_groups():
+            if group.job_id in unreadable or _attempt_unfinished(active.get(group.job_id), group.attempt):
+                continue
+            try:
+                if _attempt_unfinished(self.consistent_read(group.job_id), group.attempt):
+                    continue
+            except UnreadableJobError:
+                continue
+            if self.ports.compute.delete_placement_group(group.name):
+                report.count(Repair.PLACEMENT_GROUPS_DELETED)
+
+    def delete_ended_jobs_security_groups(
+        self,
+        active: dict[str, Job],
+        unreadable: set[str],
+        by_job: dict[str, list[TaggedInstance]],
+        report: ReconcileReport,
+    ) -> None:
+        """A job's security group outlives its instances by up to a minute: EC2 refuses to delete a
+        group an interface still uses, so it goes here once the job is over (by a consistent read:
+        a group created for a launch the index does not show yet is never taken) and nothing of the
+        job is left. Stopped instances a STOPPED job keeps also keep their group."""
+        compute = self.ports.compute
+        for group in compute.job_security_groups():
+            if group.job_id in active or group.job_id in unreadable or by_job.get(group.job_id):
+                continue
+            try:
+                job = self.consistent_read(group.job_id)
+            except UnreadableJobError:
+                continue
+            if job is not None and job.state in ACTIVE_STATES:
+                continue
+            if compute.delete_security_group(group.group_id):
+                report.count(Repair.JOB_SECURITY_GROUPS_DELETED)
+
+    def consistent_read(self, job_id: str) -> Job | None:
+        try:
+            return self.ports.store.get(job_id)
+        except JobNotFoundError:
+            return None
+
+
+def _is_orphan(job: Job | None, inst: TaggedInstance) -> bool:
+    """An instance no active attempt accounts for: its job is unknown or over, its attempt unknown,
+    or its attempt ended while the instance still runs. The stopped instances of the last attempt
+    of a job that ended STOPPED are kept on purpose (see the module docstring)."""
+    if job is not None and job.state is JobState.STOPPED and inst.state in STOPPED_STATES:
+        current = job.current_attempt
+        return current is None or current.number != inst.attempt
+    if job is None or job.state.is_terminal:
+        return True
+    attempt = job.attempt(inst.attempt)
+    return attempt is None or (attempt.is_over and inst.state in UP_STATES)
+
+
+def _attempt_unfinished(job: Job | None, number: int) -> bool:
+    attempt = job.attempt(number) if job is not None else None
+    return job is not None and not job.state.is_terminal and attempt is not None and not attempt.is_over
