@@ -84,7 +84,7 @@ def test_the_placement_group_limit_makes_a_job_wait_like_a_capacity_shortage_not
 
 def test_a_running_gangs_group_is_kept_when_the_state_index_has_not_caught_up(world: World) -> None:
     job = world.store.get(world.submit(spec(nodes=2)).job.job_id)
-    world.store.list_by_state = lambda state, limit=100: []  # type: ignore[method-assign,misc]
+    world.store.list_by_state = lambda state, limit=100, **_: []  # type: ignore[method-assign,misc]
 
     world.reconciler.run()
 
