@@ -52,7 +52,7 @@ EVERY_HANDLER = {
     "gpujobs.domain",
     *(f"gpujobs.domain.{name}" for name in ("budget", "cost", "credentials", "decisions", "documents", "effects")),
     *(f"gpujobs.domain.{name}" for name in ("fate", "hardware", "job", "job_metrics", "launching", "report_auth")),
-    *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states", "teams")),
+    *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states")),
     "gpujobs.domain.trainer_settings",
     "gpujobs.runtime",
     "gpujobs.runtime.bootstrap",
@@ -92,8 +92,10 @@ NOT_AT_IMPORT = {
     "gpujobs.service.reports",
     "gpujobs.domain.budget_alerts",
     "gpujobs.domain.hangs",
+    "gpujobs.domain.teams",
 }
-"""Loaded by the first YAML document (submit only) or the first call of the use case that needs them."""
+"""Loaded by the first YAML document (submit only) or the first call of the use case that needs them
+(the team rules: the first submission or launch)."""
 
 
 def loaded_by(handler: str) -> set[str]:
