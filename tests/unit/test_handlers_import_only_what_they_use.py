@@ -64,14 +64,15 @@ EVERY_HANDLER = {
     "gpujobs.service.jobs",
     "gpujobs.service.ports",
 }
-EVENTS = {"gpujobs.adapters.inbound", "gpujobs.domain.cost_anomaly"}
-"""What the EventBridge handlers parse their events with."""
+EVENTS = {"gpujobs.adapters.inbound"}
+"""What the EventBridge handlers parse their envelopes (and EC2's events) with; each handler adds
+only the models of its own events."""
 ALLOWED = {
-    "budget": EVERY_HANDLER | EVENTS,
-    "idle": EVERY_HANDLER | EVENTS | {"gpujobs.service.reactions"},
+    "budget": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_anomaly", "gpujobs.domain.cost_anomaly"},
+    "idle": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_alarms", "gpujobs.service.reactions"},
     "instance_state": EVERY_HANDLER | EVENTS,
     "reconciler": EVERY_HANDLER,
-    "reports": EVERY_HANDLER | EVENTS | {"gpujobs.service.reactions"},
+    "reports": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_reports", "gpujobs.service.reactions"},
     "spot": EVERY_HANDLER | EVENTS,
     "submit": EVERY_HANDLER,
 }
