@@ -11,7 +11,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpujobs.adapters.inbound import AnomalyDetail, detail_of, envelope
+from gpujobs.adapters.inbound import detail_of, envelope
+from gpujobs.adapters.inbound_anomaly import AnomalyDetail
 from gpujobs.contract import ANOMALY_DETECTED
 from gpujobs.runtime.bootstrap import budget_reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer

@@ -14,7 +14,8 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from gpujobs.adapters.inbound import AlarmStateChange, detail_of, envelope
+from gpujobs.adapters.inbound import detail_of, envelope
+from gpujobs.adapters.inbound_alarms import AlarmStateChange
 from gpujobs.domain.effects import Outcome
 from gpujobs.runtime.bootstrap import reactions, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer

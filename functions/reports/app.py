@@ -14,7 +14,8 @@ from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from gpujobs.adapters.inbound import REPORT_MODELS, Envelope, detail_of, envelope
+from gpujobs.adapters.inbound import Envelope, detail_of, envelope
+from gpujobs.adapters.inbound_reports import REPORT_MODELS
 from gpujobs.domain.effects import Outcome
 from gpujobs.runtime.bootstrap import bind_context, reports, require_settings
 from gpujobs.runtime.observability import logger, metrics, report, tracer

@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 from pydantic import ValidationError
 
-from gpujobs.adapters.inbound import AnomalyDetail
+from gpujobs.adapters.inbound_anomaly import AnomalyDetail
 from gpujobs.domain.budget import period_of, period_rolled_over, scope_of_budget
 from gpujobs.domain.budget_alerts import BudgetAlert, UnparsedAlert, decide_budget_mode, parse_budget_notification
 from gpujobs.domain.cost_anomaly import anomaly_is_significant, anomaly_reason

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpujobs.adapters.inbound import REPORT_MODELS
+from gpujobs.adapters.inbound_reports import REPORT_MODELS
 from gpujobs.contract import JOB_EXITED, ExitCode
 from gpujobs.domain.decisions import on_checkpoint, on_exit, on_heartbeat
 from gpujobs.domain.effects import Launch

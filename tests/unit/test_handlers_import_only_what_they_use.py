@@ -53,7 +53,7 @@ EVERY_HANDLER = {
     *(f"gpujobs.domain.{name}" for name in ("budget", "cost", "credentials", "decisions", "documents", "effects")),
     "gpujobs.domain.env_secrets",  # its rules; detect-secrets itself is NOT_AT_IMPORT
     *(f"gpujobs.domain.{name}" for name in ("fate", "hardware", "job", "job_metrics", "launching", "report_auth")),
-    *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states", "teams")),
+    *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states")),
     "gpujobs.domain.trainer_settings",
     "gpujobs.domain.records",  # how the store reads and writes a record of any neighbouring release
     "gpujobs.domain.stored",
@@ -67,14 +67,15 @@ EVERY_HANDLER = {
     "gpujobs.service.jobs",
     "gpujobs.service.ports",
 }
-EVENTS = {"gpujobs.adapters.inbound", "gpujobs.domain.cost_anomaly"}
-"""What the EventBridge handlers parse their events with."""
+EVENTS = {"gpujobs.adapters.inbound"}
+"""What the EventBridge handlers parse their envelopes (and EC2's events) with; each handler adds
+only the models of its own events."""
 ALLOWED = {
-    "budget": EVERY_HANDLER | EVENTS,
-    "idle": EVERY_HANDLER | EVENTS | {"gpujobs.service.reactions"},
+    "budget": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_anomaly", "gpujobs.domain.cost_anomaly"},
+    "idle": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_alarms", "gpujobs.service.reactions"},
     "instance_state": EVERY_HANDLER | EVENTS,
     "reconciler": EVERY_HANDLER,
-    "reports": EVERY_HANDLER | EVENTS | {"gpujobs.service.reactions"},
+    "reports": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_reports", "gpujobs.service.reactions"},
     "spot": EVERY_HANDLER | EVENTS,
     "submit": EVERY_HANDLER,
 }
@@ -97,9 +98,11 @@ NOT_AT_IMPORT = {
     "gpujobs.domain.budget_alerts",
     "gpujobs.domain.hangs",
     "detect_secrets",
+    "gpujobs.domain.teams",
 }
 """Loaded by the first YAML document (submit only), the first submitted `env` (detect-secrets, about
-0.3 s) or the first call of the use case that needs them."""
+0.3 s) or the first call of the use case that needs them (the team rules: the first submission or
+launch)."""
 
 
 def loaded_by(handler: str) -> set[str]:

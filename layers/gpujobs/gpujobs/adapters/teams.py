@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpujobs.domain.teams import TeamDirectory, parse_team_config
-
 if TYPE_CHECKING:
     from types_boto3_ssm import SSMClient
+
+    from gpujobs.domain.teams import TeamDirectory
 
 
 class SsmTeamConfig:
@@ -21,5 +21,7 @@ class SsmTeamConfig:
         self._name = parameter_name
 
     def load(self) -> TeamDirectory:
+        from gpujobs.domain.teams import parse_team_config  # the first submission's or launch's, not the cold start's
+
         value = self._ssm.get_parameter(Name=self._name)["Parameter"]["Value"]
         return parse_team_config(value)

@@ -1,7 +1,7 @@
 """Cost anomalies: whether one is worth acting on, and how to tell a human about it.
 
 Cost Anomaly Detection, unlike AWS Budgets, publishes JSON to EventBridge (`aws.ce`, `Anomaly
-Detected`). Its inbound model lives with the other inbound models (`adapters/inbound.py`) and
+Detected`). Its inbound model lives beside the other inbound models (`adapters/inbound_anomaly.py`) and
 builds the `CostAnomaly` below: the few facts that the decision and the reason line read.
 """
 

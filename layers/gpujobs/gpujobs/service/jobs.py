@@ -29,7 +29,6 @@ from gpujobs.domain.launching import cancel, claim_launch
 from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState
-from gpujobs.domain.teams import TeamDirectory
 from gpujobs.service.changes import Actuator, Applied, WriteCounter, change, publish_changes, wants_launch
 from gpujobs.service.config import LaunchConfig
 from gpujobs.service.ports import (
@@ -38,6 +37,7 @@ from gpujobs.service.ports import (
 )
 
 if TYPE_CHECKING:
+    from gpujobs.domain.teams import TeamDirectory
     from gpujobs.service.launcher import Launcher
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,10 @@ class JobService:
 
     @functools.cached_property
     def team_directory(self) -> TeamDirectory:
-        """Loaded on first use, once per service (a Lambda container keeps one service)."""
+        """Loaded on first use, once per service (a Lambda container keeps one service); the team
+        rules are imported then too: only a submission and a launch read them."""
+        from gpujobs.domain.teams import TeamDirectory
+
         teams = self.ports.teams
         return TeamDirectory.open() if teams is None else teams.load()
 
