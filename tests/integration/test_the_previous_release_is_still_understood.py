@@ -25,7 +25,8 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.dynamodb import DynamoJobStore, schema_version_of
-from gpujobs.adapters.inbound import REPORT_MODELS, detail_of, envelope
+from gpujobs.adapters.inbound import detail_of, envelope
+from gpujobs.adapters.inbound_reports import REPORT_MODELS
 from gpujobs.domain.effects import Outcome
 from gpujobs.domain.records import RECORD_SCHEMA_VERSION
 from gpujobs.domain.rundoc import RunDocument
