@@ -63,6 +63,22 @@ def test_the_layer_is_built_from_exactly_the_gpujobs_package_the_tests_import() 
     assert _files(layer / "gpujobs") == _files(LAYER_SOURCE / "gpujobs")
 
 
+def test_the_layer_ships_python312_bytecode_that_is_used_without_checking_the_source() -> None:
+    """/opt is read-only on Lambda: a layer without bytecode is compiled from source at every cold
+    start. Unchecked-hash .pyc (PEP 552 flags 0b01) survive the zip, which keeps mtimes to 2 s."""
+    built = _built_template()["Resources"]
+    layer = BUILD / built["GpujobsLayer"]["Properties"]["ContentUri"] / "python"  # type: ignore[index]
+    sources = list((layer / "gpujobs").rglob("*.py"))
+    pydantic_sources = list((layer / "pydantic").glob("*.py"))
+    assert sources
+    assert pydantic_sources
+    for source in sources + pydantic_sources:
+        pyc = source.parent / "__pycache__" / f"{source.stem}.cpython-312.pyc"
+        assert pyc.exists(), pyc
+        header = pyc.read_bytes()[:16]
+        assert int.from_bytes(header[4:8], "little") == 0b01, f"{pyc}: not unchecked-hash bytecode"
+
+
 def test_the_layer_holds_its_pinned_dependencies_built_for_python312_on_arm64() -> None:
     built = _built_template()["Resources"]
     layer = BUILD / built["GpujobsLayer"]["Properties"]["ContentUri"] / "python"  # type: ignore[index]
