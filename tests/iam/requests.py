@@ -20,7 +20,8 @@ as unmodelled, so nothing passes unseen):
   ec2:Terminate/StopInstances, AuthorizeSecurityGroupIngress, DeleteSecurityGroup
   (aws:ResourceTag/*), ssm:SendCommand (ssm:resourceTag/* on each instance), events:PutEvents
   (events:source, events:detail-type), s3:ListBucket (s3:prefix), sts:AssumeRole and
-  sts:TagSession (aws:RequestTag/*, aws:TagKeys), cloudwatch:PutMetricAlarm (+ TagResource).
+  sts:TagSession (aws:RequestTag/*, aws:TagKeys), cloudwatch:PutMetricAlarm (+ TagResource),
+  cloudwatch:PutMetricData (cloudwatch:namespace).
 - Not evaluated anywhere: aws:SourceIp/Vpc/VpcEndpoint, aws:CurrentTime, aws:MultiFactorAuth*,
   and the resource policies the call also meets (see tests/iam/evaluate.py).
 """
@@ -429,6 +430,13 @@ def _put_alarm(params: dict[str, Any], _facts: dict[str, Any], region: str, _: C
     ctx = _request_tags(tags)
     found = [Request("cloudwatch:PutMetricAlarm", alarm, ctx, _modelled(ctx, *REQUEST_TAG_KEYS))]
     return found + ([Request("cloudwatch:TagResource", alarm, ctx, _modelled(ctx, *REQUEST_TAG_KEYS))] if tags else [])
+
+
+@builds("cloudwatch", "PutMetricData")
+def _put_metric_data(params: dict[str, Any], _facts: dict[str, Any], _region: str, _: Context) -> list[Request]:
+    """No resource-level permissions: IAM sees `*` and the namespace (never the dimensions)."""
+    ctx = {"cloudwatch:namespace": [params["Namespace"]]}
+    return [Request("cloudwatch:PutMetricData", "*", ctx, _modelled(ctx))]
 
 
 @builds("cloudwatch", "DeleteAlarms")

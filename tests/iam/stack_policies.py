@@ -6,9 +6,9 @@ the managed policies it attaches are the real ones. Intrinsics are then resolved
 code ran with (a `Binding`: the Lambda settings, which name the stack's table, bucket, bus, ...),
 parameters take their defaults unless the binding overrides them, and conditions are evaluated.
 
-AWS-managed policies are not in the template: the ones the roles attach are written out in
-`AWS_MANAGED` (the policy versions quoted in /work/shared/reference/aws-round3.md section 1d and AWS's
-managed policy reference); a role attaching one not listed there fails the check.
+AWS-managed policies are not in the template: the ones the functions' roles attach are written out
+in `AWS_MANAGED` (AWS's managed policy reference); a role attaching one not listed there fails the
+check. The instance role attaches none (its statements are the template's own).
 """
 
 from __future__ import annotations
@@ -63,68 +63,6 @@ AWS_MANAGED: dict[str, list[Statement]] = {
             "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"],
             "Resource": "*",
         }
-    ],
-    "AmazonSSMManagedInstanceCore": [
-        {
-            "Effect": "Allow",
-            "Action": [
-                "ssm:DescribeAssociation",
-                "ssm:GetDeployablePatchSnapshotForInstance",
-                "ssm:GetDocument",
-                "ssm:DescribeDocument",
-                "ssm:GetManifest",
-                "ssm:GetParameter",
-                "ssm:GetParameters",
-                "ssm:ListAssociations",
-                "ssm:ListInstanceAssociations",
-                "ssm:PutInventory",
-                "ssm:PutComplianceItems",
-                "ssm:PutConfigurePackageResult",
-                "ssm:UpdateAssociationStatus",
-                "ssm:UpdateInstanceAssociationStatus",
-                "ssm:UpdateInstanceInformation",
-            ],
-            "Resource": "*",
-        },
-        {
-            "Effect": "Allow",
-            "Action": [
-                "ssmmessages:CreateControlChannel",
-                "ssmmessages:CreateDataChannel",
-                "ssmmessages:OpenControlChannel",
-                "ssmmessages:OpenDataChannel",
-            ],
-            "Resource": "*",
-        },
-        {
-            "Effect": "Allow",
-            "Action": [
-                "ec2messages:AcknowledgeMessage",
-                "ec2messages:DeleteMessage",
-                "ec2messages:FailMessage",
-                "ec2messages:GetEndpoint",
-                "ec2messages:GetMessages",
-                "ec2messages:SendReply",
-            ],
-            "Resource": "*",
-        },
-    ],
-    "CloudWatchAgentServerPolicy": [
-        {
-            "Effect": "Allow",
-            "Action": [
-                "cloudwatch:PutMetricData",
-                "ec2:DescribeVolumes",
-                "ec2:DescribeTags",
-                "logs:PutLogEvents",
-                "logs:DescribeLogStreams",
-                "logs:DescribeLogGroups",
-                "logs:CreateLogStream",
-                "logs:CreateLogGroup",
-            ],
-            "Resource": "*",
-        },
-        {"Effect": "Allow", "Action": ["ssm:GetParameter"], "Resource": "arn:aws:ssm:*:*:parameter/AmazonCloudWatch-*"},
     ],
 }
 

@@ -103,10 +103,9 @@ def test_no_job_may_write_a_run_document_and_instances_may_only_read_them() -> N
     assert _statement("InstanceRole", "ReadRunDocuments")["Resource"] == deny["Resource"]
 
 
-def test_the_instance_role_keeps_its_agents_and_publishes_only_exit_events() -> None:
-    """Rendered: the SSM and CloudWatch agents keep their managed policies; PutEvents is bound to the bootstrap's source."""
-    managed = {m["Fn::Sub"].rsplit("/", 1)[1] for m in properties("InstanceRole")["ManagedPolicyArns"]}
-    assert managed == {"AmazonSSMManagedInstanceCore", "CloudWatchAgentServerPolicy"}
+def test_the_instance_role_publishes_only_exit_events() -> None:
+    """Rendered: no AWS-managed policy (test_instance_role_least_privilege.py); PutEvents is bound to the bootstrap's source."""
+    assert "ManagedPolicyArns" not in properties("InstanceRole")
     exits = _statement("InstanceRole", "PublishExitEvents")
     assert exits["Condition"] == {"StringEquals": {"events:source": "gpujobs.instance"}}
     (assume,) = properties("InstanceAssumesJobRole")["PolicyDocument"]["Statement"]

@@ -730,10 +730,10 @@ def test_only_the_reconciler_and_the_budget_function_read_budgets_and_spot_price
         }
 
 
-def test_instances_may_publish_gpu_metrics_through_the_cloudwatch_agent_policy() -> None:
-    managed = properties("InstanceRole")["ManagedPolicyArns"]
+def test_instances_may_publish_gpu_metrics_in_the_cloudwatch_agents_namespace() -> None:
+    (publish,) = _allowing(policy_statements("InstanceRole"), "cloudwatch:PutMetricData")
 
-    assert {"Fn::Sub": "arn:${AWS::Partition}:iam::aws:policy/CloudWatchAgentServerPolicy"} in managed
+    assert publish["Condition"] == {"StringEquals": {"cloudwatch:namespace": "CWAgent"}}
     assert _allowing(policy_statements("InstanceRole"), "events:PutEvents")
 
 

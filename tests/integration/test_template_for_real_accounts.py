@@ -55,6 +55,7 @@ ALWAYS_PRESENT = {
     "ec2:createaction": "present on tag-on-create; a standalone CreateTags is refused, as intended",
     "iam:passedtoservice": "present on every PassRole",
     "events:source": "every PutEvents entry has a Source",
+    "cloudwatch:namespace": "every PutMetricData names its Namespace (a required parameter)",
     "s3:prefix": "a listing without a prefix (the whole bucket) is refused for a job, as intended",
     "aws:securetransport": "present on every request (the bucket policy's Deny of plain HTTP)",
     "aws:sourceaccount": "present when a service principal (EventBridge, SNS, Budgets) acts for a resource",
