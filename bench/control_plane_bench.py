@@ -168,6 +168,9 @@ def warm_cost(repeat: int) -> dict[str, Any]:
         function_name, memory_limit_in_mb, aws_request_id = "bench", 512, "r"
         invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:bench"
 
+        def get_remaining_time_in_millis(self) -> int:
+            return 60_000  # the submit function's timeout: launches walk the ladder within it
+
     def batch(round_: int) -> dict[str, Any]:
         body = {"name": "bench", "image": "r/i:1", "command": ["python", "train.py"], "instance_types": ["g5.xlarge"]}
         return {
