@@ -520,22 +520,23 @@ def test_the_stack_reserves_no_concurrency_unless_asked_so_a_new_account_with_a_
         if "ReservedConcurrentExecutions" in function_properties(logical_id)
     }
 
-    assert parameter["Default"] == ""
+    reports = load_template()["Parameters"]["ReportsReservedConcurrency"]
+
+    assert parameter["Default"] == reports["Default"] == ""
     assert reserved == {
-        "ReconcilerFunction": {
-            "Fn::If": [
-                "ReservesReconcilerConcurrency",
-                {"Ref": "ReconcilerReservedConcurrency"},
-                {"Ref": "AWS::NoValue"},
-            ]
+        function: {
+            "Fn::If": [f"Reserves{name}Concurrency", {"Ref": f"{name}ReservedConcurrency"}, {"Ref": "AWS::NoValue"}]
         }
+        for function, name in (("ReconcilerFunction", "Reconciler"), ("ReportsFunction", "Reports"))
     }
-    assert load_template()["Conditions"]["ReservesReconcilerConcurrency"] == {
-        "Fn::Not": [{"Fn::Equals": [{"Ref": "ReconcilerReservedConcurrency"}, ""]}]
-    }
-    assert re.fullmatch(parameter["AllowedPattern"], "")
-    assert re.fullmatch(parameter["AllowedPattern"], "1")
-    assert not re.fullmatch(parameter["AllowedPattern"], "0")  # 0 would throttle every tick
+    for name in ("Reconciler", "Reports"):
+        assert load_template()["Conditions"][f"Reserves{name}Concurrency"] == {
+            "Fn::Not": [{"Fn::Equals": [{"Ref": f"{name}ReservedConcurrency"}, ""]}]
+        }
+    for pattern in (parameter["AllowedPattern"], reports["AllowedPattern"]):
+        assert re.fullmatch(pattern, "")
+        assert re.fullmatch(pattern, "1")
+        assert not re.fullmatch(pattern, "0")  # 0 would throttle every invocation
 
 
 def test_every_eventbridge_rule_retries_for_an_hour_then_dead_letters_to_one_encrypted_queue() -> None:
