@@ -731,6 +731,21 @@ def test_only_the_reconciler_and_the_budget_function_read_budgets_and_spot_price
         }
 
 
+def test_only_the_reconciler_reads_the_reports_functions_throttles_and_it_is_told_its_name() -> None:
+    """Silence while reports were throttled is no hang (domain/hangs.py): one metric read per tick."""
+    readers = {
+        logical_id
+        for logical_id in resources_of_type("AWS::Serverless::Function")
+        if _allowing(_function_statements(logical_id), "cloudwatch:GetMetricStatistics")
+    }
+
+    assert readers == {"ReconcilerFunction"}
+    (read,) = _allowing(_function_statements("ReconcilerFunction"), "cloudwatch:GetMetricStatistics")
+    assert as_list(read["Action"]) == ["cloudwatch:GetMetricStatistics"]
+    variables = function_properties("ReconcilerFunction")["Environment"]["Variables"]
+    assert variables["REPORTS_FUNCTION_NAME"] == {"Ref": "ReportsFunction"}
+
+
 def test_instances_may_publish_gpu_metrics_through_the_cloudwatch_agent_policy() -> None:
     managed = properties("InstanceRole")["ManagedPolicyArns"]
 

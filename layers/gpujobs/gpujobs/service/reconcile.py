@@ -102,6 +102,7 @@ class Reconciler:
         alarmed = None if alarms is None else {a.instance_id for a in alarms}
         silent = frozenset(a.instance_id for a in alarms or () if a.had_datapoints is False)
         watched: set[str] = set()
+        throttled = self._reports_throttled_at(now, active.values())
         for job in active.values():
             self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
             if job.state is JobState.RUNNING:
@@ -110,7 +111,13 @@ class Reconciler:
                     report,
                     lambda j: watched.update(
                         self._repair_running(
-                            j, live=by_job[j.job_id], now=now, holds=holds, alarms=(alarmed, silent), report=report
+                            j,
+                            live=by_job[j.job_id],
+                            now=now,
+                            holds=holds,
+                            alarms=(alarmed, silent),
+                            report=report,
+                            reports_throttled_at=throttled,
                         )
                     ),
                 )
@@ -174,6 +181,7 @@ class Reconciler:
         holds: list[BudgetPolicy],
         alarms: tuple[set[str] | None, frozenset[str]],
         report: ReconcileReport,
+        reports_throttled_at: datetime | None = None,
     ) -> set[str]:
         """Repair one RUNNING job; returns the instances whose idle alarms it wants kept. `alarms`:
         the instances with an idle alarm (None: unknown this tick), and those fed no GPU metric."""
@@ -187,7 +195,7 @@ class Reconciler:
             and reactions.keep_deadline(job.job_id).outcome is Outcome.MARKET_CHANGED
         ):
             report.count(Repair.DEADLINE_MARKET_MOVES)
-        self._check_heartbeat(current, now, report)
+        self._check_heartbeat(current, now, report, reports_throttled_at)
         settled = reactions.settle(job.job_id)
         if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
             report.count(Repair.ATTEMPTS_SETTLED)
@@ -287,10 +295,23 @@ class Reconciler:
                 self.jobs.carry_out([Terminate(tuple(survivors))])
                 report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
-    def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
+    def _reports_throttled_at(self, now: datetime, jobs: Iterable[Job]) -> datetime | None:
+        """When the Reports function was last throttled (one metric read per tick, and only with a
+        RUNNING job to judge); None when it cannot be read: hangs are then judged as before."""
+        if not any(job.state is JobState.RUNNING for job in jobs):
+            return None
+        try:
+            return self.ports.reports_throttled_at(now)
+        except Exception:
+            log.warning("could not read the Reports function's throttles", exc_info=True)
+            return None
+
+    def _check_heartbeat(
+        self, job: Job, now: datetime, report: ReconcileReport, reports_throttled_at: datetime | None = None
+    ) -> None:
         """A trainer whose heartbeats stopped, or never started, for longer than its job allows is
-        hung (`domain.hangs`): replace its gang."""
-        hang = hang_of(job, now=now)
+        hung (`domain.hangs`): replace its gang. Silence while reports were throttled does not count."""
+        hang = hang_of(job, now=now, reports_throttled_at=reports_throttled_at)
         if hang is not None:
             log.warning("%s: %s; terminating %s", job.job_id, hang.why, hang.instance_ids)
             self.jobs.carry_out([Terminate(hang.instance_ids)])
