@@ -12,7 +12,8 @@ A run works in order of what a lost minute costs most:
 2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
    that was still launching when the alert came is asked to stop once it runs), runtime and cost
    caps, a deadline's move to the market it needs (`domain.deadline`), overdue or missing first
-   heartbeats, then the attempt is settled. A job between attempts that still holds an unfinished
+   heartbeats (not counting silence while the Reports function was throttled: one metric read per
+   tick), then the attempt is settled. A job between attempts that still holds an unfinished
    one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
