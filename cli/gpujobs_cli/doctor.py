@@ -99,8 +99,13 @@ class Doctor:
     def lambda_concurrency(self) -> list[Finding]:
         limits = self.clients("lambda").get_account_settings()["AccountLimit"]
         total, unreserved = int(limits["ConcurrentExecutions"]), int(limits["UnreservedConcurrentExecutions"])
-        reserved = self.parameters.get("ReconcilerReservedConcurrency", "")
-        detail = f"account quota {total}, {unreserved} unreserved; reconciler reservation: {reserved or 'none'}"
+        reconciler = self.parameters.get("ReconcilerReservedConcurrency", "")
+        reports = self.parameters.get("ReportsReservedConcurrency", "")
+        reserved = reconciler or reports
+        detail = (
+            f"account quota {total}, {unreserved} unreserved; reservations: reconciler {reconciler or 'none'},"
+            f" reports {reports or 'none'}"
+        )
         if total - MIN_UNRESERVED_CONCURRENCY < 1:
             fix = "ask Service Quotas for Lambda 'Concurrent executions' (L-B99A9384) of 1000 before reserving any"
             status = FAIL if reserved else WARN

@@ -164,6 +164,7 @@ class MotoStack:
             "REPORT_SECRET_ARN": self.report_secret_arn,
             "JOB_ROLE_ARN": self.job_role_arn,
             "JOB_LOG_GROUP": self.log_group,
+            "REPORTS_FUNCTION_NAME": f"{stack}-ReportsFunction",
             "AWS_REGION": REGION,
         }
         if self.teams is not None:

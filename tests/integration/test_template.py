@@ -520,22 +520,23 @@ def test_the_stack_reserves_no_concurrency_unless_asked_so_a_new_account_with_a_
         if "ReservedConcurrentExecutions" in function_properties(logical_id)
     }
 
-    assert parameter["Default"] == ""
+    reports = load_template()["Parameters"]["ReportsReservedConcurrency"]
+
+    assert parameter["Default"] == reports["Default"] == ""
     assert reserved == {
-        "ReconcilerFunction": {
-            "Fn::If": [
-                "ReservesReconcilerConcurrency",
-                {"Ref": "ReconcilerReservedConcurrency"},
-                {"Ref": "AWS::NoValue"},
-            ]
+        function: {
+            "Fn::If": [f"Reserves{name}Concurrency", {"Ref": f"{name}ReservedConcurrency"}, {"Ref": "AWS::NoValue"}]
         }
+        for function, name in (("ReconcilerFunction", "Reconciler"), ("ReportsFunction", "Reports"))
     }
-    assert load_template()["Conditions"]["ReservesReconcilerConcurrency"] == {
-        "Fn::Not": [{"Fn::Equals": [{"Ref": "ReconcilerReservedConcurrency"}, ""]}]
-    }
-    assert re.fullmatch(parameter["AllowedPattern"], "")
-    assert re.fullmatch(parameter["AllowedPattern"], "1")
-    assert not re.fullmatch(parameter["AllowedPattern"], "0")  # 0 would throttle every tick
+    for name in ("Reconciler", "Reports"):
+        assert load_template()["Conditions"][f"Reserves{name}Concurrency"] == {
+            "Fn::Not": [{"Fn::Equals": [{"Ref": f"{name}ReservedConcurrency"}, ""]}]
+        }
+    for pattern in (parameter["AllowedPattern"], reports["AllowedPattern"]):
+        assert re.fullmatch(pattern, "")
+        assert re.fullmatch(pattern, "1")
+        assert not re.fullmatch(pattern, "0")  # 0 would throttle every invocation
 
 
 def test_every_eventbridge_rule_retries_for_an_hour_then_dead_letters_to_one_encrypted_queue() -> None:
@@ -728,6 +729,21 @@ def test_only_the_reconciler_and_the_budget_function_read_budgets_and_spot_price
         assert view["Resource"] == {
             "Fn::Sub": "arn:${AWS::Partition}:budgets::${AWS::AccountId}:budget/gpujobs-${AWS::StackName}-*"
         }
+
+
+def test_only_the_reconciler_reads_the_reports_functions_throttles_and_it_is_told_its_name() -> None:
+    """Silence while reports were throttled is no hang (domain/hangs.py): one metric read per tick."""
+    readers = {
+        logical_id
+        for logical_id in resources_of_type("AWS::Serverless::Function")
+        if _allowing(_function_statements(logical_id), "cloudwatch:GetMetricStatistics")
+    }
+
+    assert readers == {"ReconcilerFunction"}
+    (read,) = _allowing(_function_statements("ReconcilerFunction"), "cloudwatch:GetMetricStatistics")
+    assert as_list(read["Action"]) == ["cloudwatch:GetMetricStatistics"]
+    variables = function_properties("ReconcilerFunction")["Environment"]["Variables"]
+    assert variables["REPORTS_FUNCTION_NAME"] == {"Ref": "ReportsFunction"}
 
 
 def test_instances_may_publish_gpu_metrics_in_the_cloudwatch_agents_namespace() -> None:

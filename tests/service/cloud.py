@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
@@ -31,6 +32,7 @@ from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, LaunchRequest, QuotaExceededError
+from gpujobs.service.repairs import Repair
 from gpujobs_fakes.memory import FixedClock
 from tests.service.conftest import World
 from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
@@ -100,6 +102,11 @@ class SimulatedCloud:
     last_reconcile: datetime = START
     faults_absorbed: int = 0
     leases_left_held: list[str] = field(default_factory=list)
+    reports_throttled: bool = False
+    """The Reports function is throttled: trainers' heartbeats wait in Lambda's queue (`pending`)."""
+    throttled_at: datetime | None = None
+    """When the Reports function was last throttled (what its CloudWatch Throttles metric says)."""
+    hangs_judged_wrongly: list[str] = field(default_factory=list)
     heard_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
     """When the control plane first acted on a report (heartbeat, checkpoint, exit) of each attempt:
     one it ignored (the attempt was over, the step stale) was not heard."""
@@ -112,6 +119,7 @@ class SimulatedCloud:
             **wrap_ports(world.ports, self.plan, is_port=is_fake),
             budget_has_room=lambda _policy: self.budget_has_room,
             time_left=self._time_left,
+            reports_throttled_at=self._reports_throttled_at,
         )
         world.compute.on_run = self._refuse_with_ec2_message
         self.budgets = BudgetReactions(ports=world.ports, reactions=world.reactions, stack_name="chaos")
@@ -141,6 +149,10 @@ class SimulatedCloud:
             ]
         return True
 
+    def _reports_throttled_at(self, now: datetime) -> datetime | None:
+        at = self.throttled_at
+        return at if at is not None and now - at <= THROTTLE_LOOKBACK else None
+
     def _time_left(self) -> timedelta | None:
         if self.invocation_seconds is None:
             return None
@@ -158,7 +170,18 @@ class SimulatedCloud:
 
     def reconcile(self) -> bool:
         self.last_reconcile = self.now
-        return self.attempt(self.world.reconciler.run)
+        up = set(self.up_instances())
+        hung = sum(1 for gang, nodes in self.gangs().items() if gang in self.hung and up.intersection(nodes))
+
+        def run() -> None:
+            judged = self.world.reconciler.run().repairs[Repair.HUNG_ATTEMPTS_TERMINATED]
+            if judged > hung:
+                self.hangs_judged_wrongly.append(
+                    f"{self.now}: {judged} attempt(s) judged hung, but only {hung} gang(s) stopped heartbeating"
+                    + (" (reports throttled)" if self.reports_throttled else "")
+                )
+
+        return self.attempt(run)
 
     def deliver(self, index: int, *, keep: bool = False) -> None:
         """Deliver one pending event; it stays pending if the handler died (Lambda retries) or `keep`."""
@@ -272,16 +295,24 @@ class SimulatedCloud:
                 if due <= self.now:
                     del self.reclaim_at[iid]
                     self.shut_down(iid)
+            if self.reports_throttled:
+                self.throttled_at = self.now
             if heartbeats:
                 for gang in self.gangs():
-                    if gang not in self.hung:
-                        self.attempt(lambda g=gang: self._handle(Delivery("heartbeat", (*g, self.progress(g, 10)))))
+                    if gang in self.hung:
+                        continue
+                    beat = Delivery("heartbeat", (*gang, self.progress(gang, 10)))
+                    if self.reports_throttled:  # it waits in Lambda's queue, delivered late (or never)
+                        self.pending.append(beat)
+                    else:
+                        self.attempt(lambda b=beat: self._handle(b))
             if self.now - self.last_reconcile >= RECONCILE_EVERY:
                 self.reconcile()
 
     def quiet(self) -> None:
         """The calm after the storm: no faults, capacity back, every event delivered, time past every grace."""
         self.plan.disarm_all()
+        self.reports_throttled = False
         self.refused.clear()
         self.invocation_seconds = None
         for _ in range(10):
@@ -322,6 +353,7 @@ class SimulatedCloud:
             if c > 1
         ]
         problems += self.leases_left_held
+        problems += self.hangs_judged_wrongly
         problems += self._quota_waits_unexplained(jobs)
         problems += self._undeserved_boot_failures(jobs)
         problems += self._overlapping_gangs(jobs)
@@ -465,7 +497,7 @@ class SimulatedCloud:
         if missing:
             return f"recorded instances {missing} are gone"
         if spec.checkpoint.takes_checkpoint_requests and attempt.last_heartbeat_at is None:
-            silent = self.now - attempt.started_at
+            silent = self.now - max(attempt.started_at, self._reports_throttled_at(self.now) or attempt.started_at)
             if silent > spec.trainer.first_heartbeat + 2 * RECONCILE_EVERY:
                 return f"no first heartbeat for {silent}, yet not judged hung"
         if spec.gpus_per_node > 0:

@@ -3,7 +3,8 @@
 Hypothesis plays random sequences against the service layer wired to the in-memory fakes
 (`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
 invocations with little time left (a walk cut short mid-ladder), spot warnings and
-reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75 and crashes), instance state changes
+reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75 and crashes; heartbeats held back while
+the Reports function is throttled), instance state changes
 delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler runs,
 and a fault armed at any port call (before it or after it took effect). After every step the
 invariants of `SimulatedCloud.violations` must hold; after the sequence, a quiet period must leave
@@ -156,6 +157,13 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         gang = self._gang(which)
         if gang:
             self.cloud.hung.add(gang)
+
+    @rule(throttled=st.booleans())
+    def reports_are_throttled(self, throttled: bool) -> None:
+        """A flood of reports (any job's), or the account's concurrency spent elsewhere: the Reports
+        function is throttled and every trainer's heartbeats wait in Lambda's queue. No trainer still
+        heartbeating may be judged hung for it (`domain.hangs`; the invariant `hangs_judged_wrongly`)."""
+        self.cloud.reports_throttled = throttled
 
     # ---- EventBridge: late, twice or never --------------------------------------------------------
     @rule(which=pick, twice=st.booleans())

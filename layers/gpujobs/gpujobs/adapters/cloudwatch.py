@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -84,3 +85,30 @@ def _had_datapoints(reason_data: str | None) -> bool | None:
     except (ValueError, TypeError, KeyError):
         return None
     return bool(points) if isinstance(points, list) else None
+
+
+THROTTLE_LOOKBACK = timedelta(hours=1)
+"""As far back as a throttled report can still arrive: the Reports rule's MaximumEventAgeInSeconds."""
+
+
+class LambdaThrottles:
+    """`Ports.reports_throttled_at`: the end of the newest minute in the hour before `now` in which
+    the Reports function was throttled (`AWS/Lambda` `Throttles` by `FunctionName`, one
+    GetMetricStatistics call); None when it was not."""
+
+    def __init__(self, *, client: CloudWatchClient, function_name: str) -> None:
+        self._cw = client
+        self._function = function_name
+
+    def __call__(self, now: datetime) -> datetime | None:
+        answer = self._cw.get_metric_statistics(
+            Namespace="AWS/Lambda",
+            MetricName="Throttles",
+            Dimensions=[{"Name": "FunctionName", "Value": self._function}],
+            StartTime=now - THROTTLE_LOOKBACK,
+            EndTime=now,
+            Period=PERIOD_SECONDS,
+            Statistics=["Sum"],
+        )
+        throttled = [p["Timestamp"] for p in answer.get("Datapoints", []) if p.get("Sum", 0) > 0]
+        return max(throttled) + timedelta(seconds=PERIOD_SECONDS) if throttled else None

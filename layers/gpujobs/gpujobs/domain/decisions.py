@@ -44,6 +44,9 @@ from gpujobs.domain.spec import IdleAction
 from gpujobs.domain.states import JobState, Reason
 
 REBALANCE_SIGNAL_INTERVAL = timedelta(minutes=5)
+HEARTBEAT_RECORD_INTERVAL = timedelta(seconds=30)
+"""An attempt's heartbeats are written at most once per this (or per its own period, if shorter)."""
+RATE_LIMITED_METRIC = "ReportsRateLimited"
 STOP_METRIC = {Reason.IDLE: "IdleStops", Reason.BUDGET_EXCEEDED: "BudgetStops"}
 
 
@@ -143,9 +146,21 @@ def on_heartbeat(job: Job, report: HeartbeatReport, *, now: datetime) -> Decisio
     record = job.attempt(attempt)
     if record is None or record.is_over or (record.heartbeat_step is not None and step < record.heartbeat_step):
         return ignore(Outcome.NOT_NEWER, "stale heartbeat")
+    last, interval = record.last_heartbeat_at, heartbeat_record_interval(job)
+    if last is not None and now - last < interval:
+        detail = f"heartbeat at step {step} within {interval.total_seconds():g}s of the one recorded"
+        return Decision(Outcome.RATE_LIMITED, detail=detail, metrics={RATE_LIMITED_METRIC: 1})
     updated = job.with_attempt(record.model_copy(update={"last_heartbeat_at": now, "heartbeat_step": step}), now=now)
     metrics = _resume_metrics(updated, attempt) if record.last_heartbeat_at is None else {}
     return Decision(Outcome.HEARTBEAT_RECORDED, updated, detail=f"heartbeat at step {step}", metrics=metrics)
+
+
+def heartbeat_record_interval(job: Job) -> timedelta:
+    """How often one attempt's heartbeats may cost a write: any instance can put events on the bus,
+    so a flood of (proven) heartbeats from one attempt is bounded to one write per interval; the
+    rest are acknowledged unwritten. A trainer at its own period is never limited (the interval
+    is at most that period), and the hang limits span several periods (`trainer_settings`)."""
+    return min(HEARTBEAT_RECORD_INTERVAL, timedelta(seconds=job.require_spec().trainer.heartbeat_seconds))
 
 
 def _resume_metrics(job: Job, attempt_number: int) -> dict[str, float]:

@@ -120,6 +120,7 @@ class Outcome(StrEnum):
     SIGNALLED_RECENTLY = "ignored: no running attempt, or signalled moments ago"
     NO_CHECKPOINT_REQUESTS = "ignored: the job's checkpoint mode takes no checkpoint-now"
     NOT_NEWER = "ignored: not newer than what is recorded"
+    RATE_LIMITED = "ignored: a heartbeat of the attempt was recorded moments ago"
     NOT_RUNNING = "ignored: not running, or a stop is already under way"
     ALARM_OF_ENDED_ATTEMPT = "ignored: the alarm's attempt is over (alarm deleted)"
     ALARM_NOT_ACTIONABLE = "ignored: the alarm is not in ALARM or names no instance"
@@ -146,6 +147,7 @@ IGNORED = frozenset(
         Outcome.SIGNALLED_RECENTLY,
         Outcome.NO_CHECKPOINT_REQUESTS,
         Outcome.NOT_NEWER,
+        Outcome.RATE_LIMITED,
         Outcome.NOT_RUNNING,
         Outcome.ALARM_OF_ENDED_ATTEMPT,
         Outcome.ALARM_NOT_ACTIONABLE,

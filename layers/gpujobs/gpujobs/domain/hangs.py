@@ -14,6 +14,12 @@ checkpoint.
 The first-heartbeat limit holds only for a job whose script uses the trainer library (`checkpoint:
 gpujobs`), which reports from its first step boundary on: a `directory` or `none` script may never
 report, and until it does only the runtime and cost caps bound it.
+
+A heartbeat that could not arrive is no sign of a hang: while the Reports function is throttled
+(a flood of reports from any job, the account's concurrency spent elsewhere) every trainer's
+heartbeats wait in Lambda's queue. So silence is counted from the later of the last heartbeat (or
+the attempt's start) and the last minute the reports path was seen throttled (`reports_throttled_at`,
+read by the reconciler once per tick): no job is judged hung for a silence the control plane caused.
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ class Hang:
     why: str
 
 
-def hang_of(job: Job, *, now: datetime) -> Hang | None:
-    """The current attempt of a RUNNING job if its trainer is hung (see the module); None otherwise."""
+def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = None) -> Hang | None:
+    """The current attempt of a RUNNING job if its trainer is hung (see the module); None otherwise.
+    `reports_throttled_at`: the end of the newest minute the Reports function was throttled (None:
+    not lately, or unknown); silence before it does not count."""
     attempt = job.current_attempt
     if job.state is not JobState.RUNNING or attempt is None or attempt.is_over:
         return None
@@ -45,6 +53,8 @@ def hang_of(job: Job, *, now: datetime) -> Hang | None:
         limit, since, what = spec.trainer.first_heartbeat, attempt.started_at, "no first heartbeat"
     else:
         limit, since, what = spec.trainer.heartbeat_overdue, attempt.last_heartbeat_at, "no heartbeat"
+    if reports_throttled_at is not None and reports_throttled_at > since:
+        since, what = reports_throttled_at, f"{what} after the reports path was last throttled"
     if now - since < limit:
         return None
     live = tuple(i for i in attempt.instance_ids if i not in attempt.gone)

@@ -21,7 +21,7 @@ from botocore.config import Config
 
 from gpujobs.adapters.budgets import BudgetsApiCheck, DynamoBudgetBook
 from gpujobs.adapters.catalog import packaged_hardware
-from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms
+from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms, LambdaThrottles
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
 from gpujobs.adapters.eventbus import EventBridgePublisher
@@ -219,7 +219,15 @@ def build_ports(settings: Settings) -> Ports:
         metrics=EmfMetrics(),
         quotas=Ec2ServiceQuotas(client=service_quotas_client(settings)),
         time_left=TIME_LEFT,
+        reports_throttled_at=reports_throttles(settings),
     )
+
+
+def reports_throttles(settings: Settings) -> Callable[[datetime], datetime | None]:
+    """The Reports function's throttles, read where the template names it (the reconciler only)."""
+    if not settings.reports_function_name:
+        return lambda _now: None
+    return LambdaThrottles(client=lazy_client("cloudwatch", settings), function_name=settings.reports_function_name)
 
 
 def launch_config(settings: Settings) -> LaunchConfig:

@@ -60,6 +60,8 @@ class Settings:
     """The role the instances assume for each job's container (template.yaml `JobRole`)."""
     job_log_group: str = ""
     """The log group of jobs' output (template.yaml `JobLogGroup`); empty: output stays on the instances."""
+    reports_function_name: str = ""
+    """The Reports function, whose throttles the reconciler reads (`domain.hangs`); empty: not read."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -86,4 +88,5 @@ class Settings:
             report_secret_grace_hours=float(env.get("REPORT_SECRET_GRACE_HOURS", "") or 168.0),
             job_role_arn=env.get("JOB_ROLE_ARN", ""),
             job_log_group=env.get("JOB_LOG_GROUP", ""),
+            reports_function_name=env.get("REPORTS_FUNCTION_NAME", "").strip(),
         )

@@ -441,6 +441,8 @@ class Ports:
     """Between tries of a lost race (`changes.change`)."""
     quotas: ServiceQuotas = field(default_factory=_UnknownQuotas)
     """The EC2 vCPU quotas' values, named in a job a quota refused; the default knows none."""
+    reports_throttled_at: Callable[[datetime], datetime | None] = lambda _now: None
+    """When the Reports function was last throttled, in the hour before now (`domain.hangs`)."""
     time_left: Callable[[], timedelta | None] = _no_deadline
     """Time left before the invocation's deadline (the Lambda context's remaining time; None: no
     deadline). A ladder walk stops trying rungs short of it and hands the rest to the reconciler."""

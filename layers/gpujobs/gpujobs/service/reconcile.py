@@ -12,7 +12,8 @@ A run works in order of what a lost minute costs most:
 2. Jobs that hold instances (RUNNING): lost state changes, budget holds (level-triggered: a job
    that was still launching when the alert came is asked to stop once it runs), runtime and cost
    caps, a deadline's move to the market it needs (`domain.deadline`), overdue or missing first
-   heartbeats, then the attempt is settled. A job between attempts that still holds an unfinished
+   heartbeats (not counting silence while the Reports function was throttled: one metric read per
+   tick), then the attempt is settled. A job between attempts that still holds an unfinished
    one (interrupted just before a hold sent it back to the queue) has it settled too.
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
@@ -102,6 +103,7 @@ class Reconciler:
         alarmed = None if alarms is None else {a.instance_id for a in alarms}
         silent = frozenset(a.instance_id for a in alarms or () if a.had_datapoints is False)
         watched: set[str] = set()
+        throttled = self._reports_throttled_at(now, active.values())
         for job in active.values():
             self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
             if job.state is JobState.RUNNING:
@@ -110,7 +112,13 @@ class Reconciler:
                     report,
                     lambda j: watched.update(
                         self._repair_running(
-                            j, live=by_job[j.job_id], now=now, holds=holds, alarms=(alarmed, silent), report=report
+                            j,
+                            live=by_job[j.job_id],
+                            now=now,
+                            holds=holds,
+                            alarms=(alarmed, silent),
+                            report=report,
+                            reports_throttled_at=throttled,
                         )
                     ),
                 )
@@ -174,6 +182,7 @@ class Reconciler:
         holds: list[BudgetPolicy],
         alarms: tuple[set[str] | None, frozenset[str]],
         report: ReconcileReport,
+        reports_throttled_at: datetime | None = None,
     ) -> set[str]:
         """Repair one RUNNING job; returns the instances whose idle alarms it wants kept. `alarms`:
         the instances with an idle alarm (None: unknown this tick), and those fed no GPU metric."""
@@ -187,7 +196,7 @@ class Reconciler:
             and reactions.keep_deadline(job.job_id).outcome is Outcome.MARKET_CHANGED
         ):
             report.count(Repair.DEADLINE_MARKET_MOVES)
-        self._check_heartbeat(current, now, report)
+        self._check_heartbeat(current, now, report, reports_throttled_at)
         settled = reactions.settle(job.job_id)
         if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
             report.count(Repair.ATTEMPTS_SETTLED)
@@ -287,10 +296,23 @@ class Reconciler:
                 self.jobs.carry_out([Terminate(tuple(survivors))])
                 report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
-    def _check_heartbeat(self, job: Job, now: datetime, report: ReconcileReport) -> None:
+    def _reports_throttled_at(self, now: datetime, jobs: Iterable[Job]) -> datetime | None:
+        """When the Reports function was last throttled (one metric read per tick, and only with a
+        RUNNING job to judge); None when it cannot be read: hangs are then judged as before."""
+        if not any(job.state is JobState.RUNNING for job in jobs):
+            return None
+        try:
+            return self.ports.reports_throttled_at(now)
+        except Exception:
+            log.warning("could not read the Reports function's throttles", exc_info=True)
+            return None
+
+    def _check_heartbeat(
+        self, job: Job, now: datetime, report: ReconcileReport, reports_throttled_at: datetime | None = None
+    ) -> None:
         """A trainer whose heartbeats stopped, or never started, for longer than its job allows is
-        hung (`domain.hangs`): replace its gang."""
-        hang = hang_of(job, now=now)
+        hung (`domain.hangs`): replace its gang. Silence while reports were throttled does not count."""
+        hang = hang_of(job, now=now, reports_throttled_at=reports_throttled_at)
         if hang is not None:
             log.warning("%s: %s; terminating %s", job.job_id, hang.why, hang.instance_ids)
             self.jobs.carry_out([Terminate(hang.instance_ids)])
