@@ -142,8 +142,15 @@ def test_every_function_runs_on_the_layer_sam_builds_with_pip() -> None:
     layer = resource("GpujobsLayer")
 
     assert layer["Type"] == "AWS::Serverless::LayerVersion"
-    assert layer["Metadata"]["BuildMethod"] == "python3.12"
+    # built by layers/gpujobs/Makefile: pip installs requirements.txt as SAM's python3.12 builder did,
+    # then the bytecode is compiled (tests/integration/test_sam_build.py checks what it built)
+    assert layer["Metadata"]["BuildMethod"] == "makefile"
+    assert layer["Metadata"]["BuildArchitecture"] == "arm64"
     assert (layer_folder() / "requirements.txt").is_file()
+    build = (layer_folder() / "Makefile").read_text(encoding="utf-8")
+    assert "build-GpujobsLayer:" in build
+    assert '--requirement "$(HERE)requirements.txt"' in build
+    assert "--python-version 3.12" in build
     assert load_template()["Globals"]["Function"]["Layers"] == [{"Ref": "GpujobsLayer"}]
     assert len(handler_files()) == 7
     assert all(path.is_file() for path in handler_files().values()), handler_files()
