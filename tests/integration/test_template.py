@@ -259,7 +259,8 @@ def test_layer_is_built_for_python312_on_arm64() -> None:
     assert layer["Properties"]["ContentUri"] == "layers/gpujobs/"
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.12"]
     assert layer["Properties"]["CompatibleArchitectures"] == ["arm64"]
-    assert layer["Metadata"] == {"BuildMethod": "python3.12", "BuildArchitecture": "arm64"}
+    # layers/gpujobs/Makefile: SAM's python3.12 install of requirements.txt, then the bytecode
+    assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": "arm64"}
 
 
 def test_submit_function_reports_partial_batch_failures_in_batches_of_10() -> None:

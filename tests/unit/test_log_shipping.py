@@ -37,6 +37,8 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    # the shipper's calls are the instance role's (tests/call_ledger.py): GROUP is the stack's job log group
+    monkeypatch.setenv("JOB_LOG_GROUP", GROUP)
     with mock_aws():
         client = boto3.client("logs", region_name="us-east-1")
         client.create_log_group(logGroupName=GROUP)
@@ -102,8 +104,9 @@ def test_lines_written_before_the_stream_is_known_are_sent_first_then_the_rest_i
 
 
 def test_a_stream_that_cannot_be_written_is_said_on_stderr_and_never_raised(
-    logs: Any, capsys: pytest.CaptureFixture[str]
+    logs: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("JOB_LOG_GROUP", "/gpujobs/no-such-group/jobs")  # the stack's group, deleted
     shipper = LogShipper(lambda: logs, interval=0.01, tries=2, backoff=0.01)
     shipper.write("lost")
 
