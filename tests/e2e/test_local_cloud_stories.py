@@ -230,6 +230,9 @@ def _assert_stopped_after_a_newer_checkpoint(stage: Stage, job_id: str, watch: S
     assert int(watch.executed_by.event["detail"]["step"]) > asked_at
     (instance,) = job.attempts[-1].instance_ids
     stopper_at = next(at for at, d in stage.deliveries() if d is watch.executed_by)
+    # The job may read STOPPED before EC2's own event is delivered (the reconciler can settle the attempt
+    # first from DescribeInstances, as it would on AWS when the event is late): wait for the event itself.
+    stage.wait("the instance's state change", lambda: stage.first_state_change(instance, GONE) is not None, 60)
     first_gone = stage.first_state_change(instance, GONE)
     assert first_gone is not None
     assert first_gone >= stopper_at

@@ -84,8 +84,17 @@ _STOPPED_BY_TORCHRUN = textwrap.dedent(
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # the trainer's flag handler
     loader = DataLoader(list(range(1000)), batch_size=1, num_workers=2)
-    if sys.argv[1] == "shielded":
+    if sys.argv[1] != "plain":
         gpujobs_trainer.shield_workers(loader)
+    if sys.argv[1] == "while starting":
+        # the signal arrives in each worker after torch installed its own SIGTERM handler (which
+        # kills a worker signalled by anyone but the rank) and before the worker_init_fn ran
+        from torch.utils.data._utils import signal_handling
+        installed = signal_handling._set_worker_signal_handlers
+        def install_then_get_signalled(*args):
+            installed(*args)
+            os.killpg(os.getpgrp(), signal.SIGTERM)
+        signal_handling._set_worker_signal_handlers = install_then_get_signalled
     batches = iter(loader)
     next(batches)
     # what torchrun does to a rank: signal its whole group, from another process
@@ -113,6 +122,14 @@ def _stopped_by_torchrun(mode: str) -> subprocess.CompletedProcess[str]:
 
 def test_shielded_loader_workers_survive_a_sigterm_to_the_group_and_end_with_the_rank() -> None:
     result = _stopped_by_torchrun("shielded")
+    assert result.returncode == 0, result.stderr
+    assert "next batch 1" in result.stdout
+
+
+def test_shielded_loader_workers_signalled_while_they_start_survive_too() -> None:
+    """torchrun's signal can come while a loader starts its workers (every epoch, unless they
+    persist): each worker is born with SIGTERM blocked, so it is held until the shield takes it."""
+    result = _stopped_by_torchrun("while starting")
     assert result.returncode == 0, result.stderr
     assert "next batch 1" in result.stdout
 

@@ -31,8 +31,10 @@ import hashlib
 import os
 import random
 import signal
+import sys
 import threading
 from collections.abc import Callable
+from multiprocessing import context as mp_context
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -121,11 +123,66 @@ def _exit_on_sigterm_from(parent: int) -> None:
             os._exit(0)
 
 
+class _BornShielded:
+    """A worker process started with SIGTERM blocked, when its worker_init_fn is the shield.
+
+    torch installs its own SIGTERM handler in a new worker (it kills the worker when anyone but
+    the rank sent the signal) before the worker_init_fn runs; a signal in between, which torchrun
+    sends whenever it likes (workers start again every epoch unless they persist), would kill the
+    worker. A child inherits its parent thread's signal mask, through exec too: blocked from
+    birth, the signal waits until the shield's thread takes it.
+
+    Not for ``forkserver`` loaders: their workers are the fork server's children (it would keep
+    SIGTERM blocked for every process it forks later), and torchrun's signal to the group ends the
+    fork server and, with it, the workers (torch's watchdog sees their parent gone). Use ``fork``
+    (the default on Linux up to Python 3.13) or ``spawn`` with a shielded loader."""
+
+    _args: tuple[Any, ...]
+
+    def start(self) -> None:
+        if not any(isinstance(arg, _IgnoreSigterm) for arg in self._args):
+            super().start()  # type: ignore[misc]  # the process class this is mixed into
+            return
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            super().start()  # type: ignore[misc]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+if sys.platform != "win32":
+
+    class _ShieldedForkProcess(_BornShielded, mp_context.ForkProcess):
+        pass
+
+    class _ShieldedSpawnProcess(_BornShielded, mp_context.SpawnProcess):
+        pass
+
+    class _ShieldedForkContext(mp_context.ForkContext):
+        Process = _ShieldedForkProcess
+
+    class _ShieldedSpawnContext(mp_context.SpawnContext):
+        Process = _ShieldedSpawnProcess
+
+    _SHIELDED_CONTEXTS: dict[str, type[mp_context.BaseContext]] = {
+        "fork": _ShieldedForkContext,
+        "spawn": _ShieldedSpawnContext,
+    }
+else:  # pragma: no cover  # training runs on Linux
+    _SHIELDED_CONTEXTS = {}
+
+
 def shield_workers(loader: DataLoader[Any]) -> None:
-    """Make the loader's worker processes ignore SIGTERM (see the module docstring). Call it
-    before the loader starts its workers; calling it twice is harmless."""
+    """Make the loader's worker processes ignore SIGTERM (see the module docstring), from the
+    moment they start. Call it before the loader starts its workers; calling it twice is harmless."""
     if not isinstance(loader.worker_init_fn, _IgnoreSigterm):
         loader.worker_init_fn = _IgnoreSigterm(loader.worker_init_fn)
+    if loader.num_workers > 0 and hasattr(signal, "pthread_sigmask"):
+        current = loader.multiprocessing_context or torch.multiprocessing.get_context()
+        if not isinstance(current, tuple(_SHIELDED_CONTEXTS.values())):
+            shielded = _SHIELDED_CONTEXTS.get(current.get_start_method())
+            if shielded is not None:
+                loader.multiprocessing_context = shielded()
 
 
 def prepare_loader(loader: DataLoader[Any], *, rank: int) -> None:
