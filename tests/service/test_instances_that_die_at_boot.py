@@ -121,3 +121,27 @@ def test_an_on_demand_death_at_boot_is_not_a_crash_against_max_attempts(world: W
     assert job.crashes == 0
     assert job.current_attempt is not None
     assert job.current_attempt.number == 2
+
+
+def test_an_attempt_still_being_reclaimed_breaks_the_row_of_deaths_at_boot(world: World) -> None:
+    """Found by the randomized proof: attempt 1 died at boot, attempt 2 got a spot warning (so it
+    booted) and its replacement, attempt 3, died at boot while attempt 2 was still being reclaimed.
+    Attempt 2 is no death at boot: the job relaunches instead of FAILING died-at-boot."""
+    job_id = world.submit(spec(capacity="spot", max_interruptions=8)).job.job_id
+    die_at_boot(world, job_id)
+    second = world.store.get(job_id).current_attempt
+    assert second is not None
+    assert second.number == 2
+    world.reactions.spot_warning(second.instance_ids[0])
+    third = world.store.get(job_id).current_attempt
+    assert third is not None
+    assert third.number == 3
+    assert world.store.get(job_id).attempt(2).ended_at is None  # the warned gang is still going down
+
+    die_at_boot(world, job_id)
+
+    job = world.store.get(job_id)
+    assert job.state is not JobState.FAILED, job.status_detail
+    assert job.current_attempt is not None
+    assert job.current_attempt.number == 4
+    assert [a.end_reason for a in job.attempts[:1] + job.attempts[2:3]] == ["died-at-boot", "died-at-boot"]

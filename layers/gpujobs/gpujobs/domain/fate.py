@@ -126,10 +126,11 @@ def died_at_boot(attempt: Attempt) -> bool:
 
 def boot_deaths_in_a_row(job: Job) -> int:
     """Attempts that launched instances and ended died-at-boot, newest first, until one that did not
-    (attempts that launched nothing, a walk that found no capacity, do not break the row)."""
+    (attempts that launched nothing, a walk that found no capacity, do not break the row; one that
+    launched and has not ended, such as a gang still being reclaimed after its warning, does)."""
     count = 0
     for attempt in reversed(job.attempts):
-        if not attempt.instance_ids or not attempt.is_over:
+        if not attempt.instance_ids:
             continue
         if attempt.end_reason != Verdict.DIED_AT_BOOT.value:
             return count
