@@ -1,11 +1,11 @@
 """SQS -> submissions: job specs to record and launch, and cancel requests.
 
-Thin on purpose: the batch processor reports failed records (ReportBatchItemFailures) so that only
-a record that met a transient AWS error is retried, and after the queue's maxReceiveCount it goes
-to the dead-letter queue. Invalid specs do not fail the record: the service records them as
-REJECTED with their reasons, so they are consumed, never retried. The message's `SenderId` (the
-IAM principal that sent it) is what the team configuration authorizes; a cancel from a principal
-outside the job's team is logged, counted and consumed.
+Thin on purpose: the batch loop (`runtime.sqs_batch`) reports failed records
+(ReportBatchItemFailures) so that only a record that met a transient AWS error is retried, and after
+the queue's maxReceiveCount it goes to the dead-letter queue. Invalid specs do not fail the record:
+the service records them as REJECTED with their reasons, so they are consumed, never retried. The
+message's `SenderId` (the IAM principal that sent it) is what the team configuration authorizes; a
+cancel from a principal outside the job's team is logged, counted and consumed.
 """
 
 from __future__ import annotations
@@ -13,27 +13,23 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
-from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
-from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.domain.states import JobState
 from gpujobs.runtime.bootstrap import bind_context, job_service, require_settings
 from gpujobs.runtime.observability import logger, metrics, tracer
 from gpujobs.runtime.settings import Need
+from gpujobs.runtime.sqs_batch import PartialBatchResponse, SqsRecord, process_sqs_batch
 from gpujobs.service.jobs import CancelRefusedError
 from gpujobs.service.ports import JobNotFoundError
 
 SETTINGS = require_settings(Need.ADMIT, Need.LAUNCH)
 
-processor = BatchProcessor(event_type=EventType.SQS)
-
 _METRIC_FOR_STATE = {JobState.REJECTED: "JobsRejected", JobState.CANCELLED: "JobsCancelled"}
 
 
 @tracer.capture_method
-def record_handler(record: SQSRecord) -> None:
+def record_handler(record: SqsRecord) -> None:
     try:
         outcome = job_service().handle_message(
             record.body, message_id=record.message_id, sender=record.attributes.get("SenderId")
@@ -61,6 +57,6 @@ def record_handler(record: SQSRecord) -> None:
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
 @tracer.capture_lambda_handler
-def handler(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
+def handler(event: dict[str, Any], context: LambdaContext) -> PartialBatchResponse:
     bind_context(context)
-    return process_partial_response(event=event, record_handler=record_handler, processor=processor, context=context)
+    return process_sqs_batch(event, record_handler)

@@ -5,7 +5,9 @@ interpreter, with the settings the template gives it), and the `gpujobs.*` modul
 compared with the list below. Launch-only pieces (the ladder walk, run documents, hardware, the
 catalog, job access policies, YAML) load on the first launch or the first YAML document, never at
 import; a module that joins a handler's import path must be added here on purpose, where a
-reviewer sees the cold start grow (bench/control_plane_bench.py measures what it costs).
+reviewer sees the cold start grow (bench/control_plane_bench.py measures what it costs). A few
+other packages' costly modules (the X-Ray SDK, asyncio, Powertools' batch utility and data classes)
+stay off every import path, with X-Ray SDK tracing on or off.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import json, sys
 sys.path.insert(0, {layer!r})
 sys.path.insert(0, {function!r})
 import app
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("gpujobs", "detect_secrets"))))
+watched = {watched!r}
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("gpujobs", "detect_secrets") or m in watched)))
 """
 
 EVERY_HANDLER = {
@@ -77,7 +80,7 @@ ALLOWED = {
     "reconciler": EVERY_HANDLER,
     "reports": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_reports", "gpujobs.service.reactions"},
     "spot": EVERY_HANDLER | EVENTS,
-    "submit": EVERY_HANDLER,
+    "submit": EVERY_HANDLER | {"gpujobs.runtime.sqs_batch"},
 }
 LAUNCH_ONLY = {
     "gpujobs.service.launcher",
@@ -105,16 +108,33 @@ NOT_AT_IMPORT = {
 launch)."""
 
 
-def loaded_by(handler: str) -> set[str]:
+FOREIGN_NOT_AT_IMPORT = {
+    "aws_xray_sdk",  # SDK tracing's: built on the first traced call (runtime.observability)
+    "aws_xray_sdk.core",
+    "asyncio",  # what the X-Ray SDK's async recorder and Powertools' batch utility import
+    "aws_lambda_powertools.utilities.batch",  # submit's loop is runtime.sqs_batch
+    "aws_lambda_powertools.utilities.data_classes",  # every event source's classes, in its __init__
+    "aws_lambda_powertools.utilities.parser",
+    "requests",  # detect-secrets' and the X-Ray SDK's patch_all's
+}
+"""Other packages' modules that cost a cold start tens of milliseconds each, which no handler
+needs at import."""
+
+
+def loaded_by(handler: str, **settings: str) -> set[str]:
     out = subprocess.run(
         [
             sys.executable,
             "-c",
-            _LOADED.format(layer=str(ROOT / "layers" / "gpujobs"), function=str(ROOT / "functions" / handler)),
+            _LOADED.format(
+                layer=str(ROOT / "layers" / "gpujobs"),
+                function=str(ROOT / "functions" / handler),
+                watched=sorted(FOREIGN_NOT_AT_IMPORT),
+            ),
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, **STACK_ENV},
+        env={**os.environ, **STACK_ENV, **settings},
         timeout=120,
         check=True,
     )
@@ -131,6 +151,15 @@ def test_a_handler_imports_only_what_its_path_needs(handler: str) -> None:
 
     assert not loaded & LAUNCH_ONLY, f"{handler} loads launch-only modules at import: {sorted(loaded & LAUNCH_ONLY)}"
     assert not loaded & NOT_AT_IMPORT, f"{handler} loads at import: {sorted(loaded & NOT_AT_IMPORT)}"
+    assert not loaded & FOREIGN_NOT_AT_IMPORT, f"{handler} loads at import: {sorted(loaded & FOREIGN_NOT_AT_IMPORT)}"
     grown = loaded - ALLOWED[handler]
     assert not grown, f"{handler}'s cold start grew by {sorted(grown)}: add them here on purpose, or import them lazily"
     assert "gpujobs_fakes" not in {m.split(".")[0] for m in loaded}
+
+
+@pytest.mark.parametrize("handler", sorted(ALLOWED))
+def test_with_sdk_tracing_on_a_handler_imports_the_x_ray_sdk_on_its_first_call_not_at_import(handler: str) -> None:
+    loaded = loaded_by(handler, POWERTOOLS_TRACE_DISABLED="false", LAMBDA_TASK_ROOT=str(ROOT / "functions" / handler))
+
+    assert not loaded & FOREIGN_NOT_AT_IMPORT, f"{handler} loads at import: {sorted(loaded & FOREIGN_NOT_AT_IMPORT)}"
+    assert loaded == loaded_by(handler)

@@ -1,16 +1,28 @@
 """Powertools Logger, Metrics and Tracer for the handlers, configured by the template's Globals.
 
-The X-Ray SDK's recorder builds a botocore client when it is imported, which costs about as much as
-importing boto3 itself. So the Powertools Tracer is created only when SDK tracing is switched on
-(`POWERTOOLS_TRACE_DISABLED=false`, the stack parameter XRaySdkTracing); otherwise handlers get a
-tracer with the same decorators that adds nothing. Lambda's active tracing works either way.
+X-Ray SDK tracing is opt-in (`POWERTOOLS_TRACE_DISABLED=false`, the stack parameter
+XRaySdkTracing); otherwise handlers get a tracer with the same decorators that adds nothing, and
+Lambda's active tracing works either way.
+
+With it on, the Powertools Tracer is built on the first call of a traced function, not at import:
+importing the X-Ray SDK (its recorder, and asyncio for the async one) and patching botocore cost
+about a third of `import boto3`, which the first invocation now pays instead of the init phase
+(`bench/control_plane_bench.py` reports both: the import, and the import with the wiring and the
+Tracer that the first invocation builds). The traces stay the same: nothing traced runs before the
+first invocation (boto3 clients are made on first use, and the SDK records no subsegment outside an
+invocation), the Tracer is built and botocore patched before the handler's body runs, and the real
+Tracer's decorators then make the subsegments they made when applied at import (`## handler` with
+its ColdStart and Service annotations, `## record_handler`, one per AWS call). Only botocore is
+patched: `Tracer()`'s default `patch_all` also wraps requests and sqlite3, which no handler calls
+(every outgoing call is botocore's), and importing requests for that cost more than the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from aws_lambda_powertools import Logger, Metrics, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
@@ -41,18 +53,59 @@ class _PassThroughTracer:
     def capture_method(self, method: F) -> F:
         return method
 
+    def prepare(self) -> None:
+        """Nothing to build: no SDK tracing."""
+
+
+PATCHED_MODULES = ("botocore",)
+"""What the X-Ray SDK patches: every AWS call a handler makes goes through botocore."""
+
+
+def _powertools_tracer() -> TracerLike:
+    from aws_lambda_powertools import Tracer
+
+    return Tracer(patch_modules=PATCHED_MODULES)  # type: ignore[return-value]
+
+
+class TracerOnFirstCall:
+    """The Powertools Tracer's decorators, with the Tracer (and the X-Ray SDK) built on the first
+    call of a function they decorate; each function is decorated by the real Tracer then, once."""
+
+    def __init__(self, build: Callable[[], TracerLike] = _powertools_tracer) -> None:
+        self._build = build
+        self._tracer: TracerLike | None = None
+
+    def prepare(self) -> TracerLike:
+        """The Tracer, built now if no traced function has been called yet."""
+        if self._tracer is None:
+            self._tracer = self._build()
+        return self._tracer
+
+    def capture_lambda_handler(self, lambda_handler: F) -> F:
+        return self._on_first_call(lambda_handler, lambda tracer: tracer.capture_lambda_handler(lambda_handler))
+
+    def capture_method(self, method: F) -> F:
+        return self._on_first_call(method, lambda tracer: tracer.capture_method(method))
+
+    def _on_first_call(self, function: F, decorate: Callable[[TracerLike], F]) -> F:
+        traced: list[F] = []
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not traced:
+                traced.append(decorate(self.prepare()))
+            return traced[0](*args, **kwargs)
+
+        return cast(F, call)
+
 
 def sdk_tracing_enabled(env: dict[str, str] | None = None) -> bool:
     value = (os.environ if env is None else env).get("POWERTOOLS_TRACE_DISABLED", "false")
     return value.strip().lower() not in ("true", "1")
 
 
-def make_tracer() -> TracerLike:
-    if not sdk_tracing_enabled():
-        return _PassThroughTracer()
-    from aws_lambda_powertools import Tracer
-
-    return Tracer()  # type: ignore[return-value]
+def make_tracer() -> _PassThroughTracer | TracerOnFirstCall:
+    return TracerOnFirstCall() if sdk_tracing_enabled() else _PassThroughTracer()
 
 
 logger = Logger()
