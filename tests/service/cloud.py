@@ -23,7 +23,7 @@ from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
-from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW
+from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
@@ -54,6 +54,7 @@ CAPACITY_MESSAGE = (
 RUN_INSTANCES_SECONDS = 10
 """What one RunInstances call spends of its invocation's time (the simulation's clock stands still)."""
 EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED)
+CONFIG_ERROR_CODES = (ExitCode.CONFIG_ERROR, 2)
 MARKETS = (Market.SPOT.value, Market.ON_DEMAND.value)
 FAULT_TIMINGS = (When.BEFORE, When.AFTER)
 
@@ -110,6 +111,10 @@ class SimulatedCloud:
     heard_at: dict[tuple[str, int], datetime] = field(default_factory=dict)
     """When the control plane first acted on a report (heartbeat, checkpoint, exit) of each attempt:
     one it ignored (the attempt was over, the step stale) was not heard."""
+    progress_heard: set[str] = field(default_factory=set)
+    """Jobs of which the control plane acted on a heartbeat or a checkpoint, in any attempt."""
+    config_exits_heard: set[str] = field(default_factory=set)
+    """Jobs of which it acted on an exit with a configuration error's code."""
 
     def __post_init__(self) -> None:
         world = self.world
@@ -209,6 +214,10 @@ class SimulatedCloud:
         handled = handlers[event.kind](*event.args)
         if event.kind in ("heartbeat", "checkpoint", "exit") and not getattr(handled, "ignored", True):
             self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
+            if event.kind != "exit":
+                self.progress_heard.add(event.args[0])
+            elif event.args[3] in MISCONFIGURED_EXIT_CODES:
+                self.config_exits_heard.add(event.args[0])
         return handled
 
     # ---- EC2 ----------------------------------------------------------------------------------
@@ -356,6 +365,7 @@ class SimulatedCloud:
         problems += self.hangs_judged_wrongly
         problems += self._quota_waits_unexplained(jobs)
         problems += self._undeserved_boot_failures(jobs)
+        problems += self._undeserved_config_errors(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         return problems
@@ -371,6 +381,20 @@ class SimulatedCloud:
             and job.history[-1].reason is Reason.QUOTA_EXCEEDED
             and not ("vCPU quota refused" in job.status_detail and "--quota-code L-" in job.status_detail)
         ]
+
+    def _undeserved_config_errors(self, jobs: dict[str, Job]) -> list[str]:
+        """FAILED config-error only for a job whose configuration error's exit was heard and of which
+        no progress (a heartbeat or a checkpoint, in any attempt) had been heard: once a job trained,
+        a configuration error's code is a crash, retried."""
+        problems = []
+        for job in jobs.values():
+            if job.state is not JobState.FAILED or job.history[-1].reason is not Reason.CONFIG_ERROR:
+                continue
+            if job.job_id not in self.config_exits_heard:
+                problems.append(f"{job.job_id} failed config-error, but no such exit was reported")
+            if job.job_id in self.progress_heard:
+                problems.append(f"{job.job_id} failed config-error after it had made progress")
+        return problems
 
     def _undeserved_boot_failures(self, jobs: dict[str, Job]) -> list[str]:
         """FAILED died-at-boot only after `BOOT_DEATH_LIMIT` attempts in a row that the control plane

@@ -4,7 +4,7 @@ job's detail, one attempt spent instead of `max_attempts` (3 by default)."""
 
 from __future__ import annotations
 
-from gpujobs.domain.reports import ExitReport
+from gpujobs.domain.reports import ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World
 from tests.service.test_forged_reports_are_ignored_and_counted import as_sent, key_in_user_data, reports, running
@@ -37,3 +37,34 @@ def test_a_crash_before_the_first_step_is_still_retried(world: World) -> None:
     retried = world.store.get(job.job_id)
     assert retried.state in (JobState.QUEUED, JobState.RUNNING)  # relaunched at once when capacity allows
     assert Reason.CRASHED_RETRYING in [h.reason for h in retried.history]
+
+
+def test_a_replacements_configuration_error_after_the_job_trained_is_retried_not_failed(world: World) -> None:
+    # given a job whose first attempt trained to step 5000 and was then reclaimed by spot
+    job = running(world, "vision", "trained-then-reclaimed")
+    first = key_in_user_data(world, job)
+    beat = HeartbeatReport(job_id=job.job_id, attempt=1, step=5000)
+    assert not reports(world).receive(as_sent(beat, first, world)).ignored
+    world.reactions.spot_warning(job.instance_ids[0])
+    replacement = world.store.get(job.job_id)
+    assert replacement.current_attempt is not None
+    assert replacement.current_attempt.number == 2
+
+    # when the replacement exits 78 before its own first heartbeat
+    exited = ExitReport(
+        job_id=job.job_id,
+        attempt=2,
+        exit_code=78,
+        instance_id=replacement.instance_ids[0],
+        node_rank=0,
+        message="GPUJOBS_CHECKPOINT_URI s3://ckpt-bucket/jobs/x is not reachable: SlowDown",
+    )
+    reports(world).receive(as_sent(exited, key_in_user_data(world, job, attempt=2), world))
+
+    # then the job is retried as a crash (one of its attempts spent), not failed as misconfigured
+    after = world.store.get(job.job_id)
+    assert after.state is not JobState.FAILED
+    assert Reason.CRASHED_RETRYING in [h.reason for h in after.history]
+    assert Reason.CONFIG_ERROR not in [h.reason for h in after.history]
+    assert after.crashes == 1
+    assert [r.attempt for r in world.compute.calls if r.job_id == job.job_id] == [1, 2, 3]

@@ -3,7 +3,7 @@
 Hypothesis plays random sequences against the service layer wired to the in-memory fakes
 (`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
 invocations with little time left (a walk cut short mid-ladder), spot warnings and
-reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75 and crashes; heartbeats held back while
+reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and configuration errors; heartbeats held back while
 the Reports function is throttled), instance state changes
 delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler runs,
 and a fault armed at any port call (before it or after it took effect). After every step the
@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from gpujobs.domain.budget import BudgetMode
-from tests.service.cloud import EXIT_CODES, FAULT_TIMINGS, MARKETS, Delivery, SimulatedCloud
+from gpujobs.domain.states import JobState
+from tests.service.cloud import CONFIG_ERROR_CODES, EXIT_CODES, FAULT_TIMINGS, MARKETS, Delivery, SimulatedCloud
 from tests.service.conftest import spec
 
 SPECS: tuple[dict[str, Any], ...] = (
@@ -143,6 +144,15 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         if gang:
             self.cloud.exit(gang, code, nodes=self.cloud.gangs()[gang])
 
+    @rule(which=pick, node=pick, code=st.sampled_from(CONFIG_ERROR_CODES))
+    def one_node_exits_misconfigured(self, which: int, node: int, code: int) -> None:
+        """A configuration error's exit (78, or a script's 2) at any point: before any progress it
+        fails the job at once; after a heartbeat or a commit in any attempt it is a crash."""
+        gang = self._gang(which)
+        if gang:
+            nodes = self.cloud.gangs()[gang]
+            self.cloud.exit(gang, code, nodes=[nodes[node % len(nodes)]])
+
     @rule(which=pick, node=pick)
     def one_node_crashes(self, which: int, node: int) -> None:
         gang = self._gang(which)
@@ -238,3 +248,24 @@ def quiet_logs() -> Iterator[None]:
 
 
 TestControlPlaneUnderChaos = ControlPlaneUnderChaos.TestCase
+
+
+def test_a_replacements_configuration_error_after_its_predecessor_trained_is_no_config_error() -> None:
+    """A sequence kept from the proof: heartbeats of attempt 1, a spot warning, then the replacement
+    exits 78 before its own first heartbeat."""
+    cloud = SimulatedCloud()
+    cloud.submit(json.dumps(spec(capacity="spot")), "msg-0")
+    cloud.deliver_all()
+    [first] = cloud.gangs()
+    cloud.heartbeat(first)
+    cloud.deliver_all()
+    cloud.warn(cloud.gangs()[first][0])
+    cloud.deliver_all()
+    [replacement] = [gang for gang in cloud.gangs() if gang != first]
+
+    cloud.exit(replacement, 78, nodes=cloud.gangs()[replacement])
+    cloud.deliver_all()
+
+    assert not cloud.violations()
+    [job] = cloud.jobs()
+    assert job.state is not JobState.FAILED

@@ -93,3 +93,39 @@ def test_bytes_of_another_digest_are_the_users_configuration(tmp_path: Path, s3:
     _serves(stubber)
     with pytest.raises(CodeArchiveError, match="has SHA-256"):
         fetch(URI, "0" * 64, tmp_path, s3=client, sleep=lambda _: None)
+
+
+class FlakyNetwork:
+    """An S3 client whose connection fails ``failures`` times before the download goes through."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+
+    def download_file(self, bucket: str, key: str, filename: str) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+        Path(filename).write_bytes(BODY)
+
+
+def _client_error(code: str, status: int) -> Exception:
+    from botocore.exceptions import ClientError
+
+    response: Any = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(response, "HeadObject")
+
+
+def test_connection_errors_and_the_instances_own_expired_credentials_are_retried(tmp_path: Path) -> None:
+    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+    failures: list[Exception] = [
+        EndpointConnectionError(endpoint_url="https://team-bucket.s3.amazonaws.com"),
+        ReadTimeoutError(endpoint_url="https://team-bucket.s3.amazonaws.com"),
+        ConnectionResetError("reset by peer"),
+        _client_error("ExpiredToken", 400),  # the instance role's session, refreshed on the next try
+    ]
+    pauses: list[float] = []
+
+    archive = fetch(URI, DIGEST, tmp_path, s3=FlakyNetwork(failures), sleep=pauses.append)
+
+    assert archive.read_bytes() == BODY
+    assert pauses == [2.0, 4.0, 8.0, 16.0]

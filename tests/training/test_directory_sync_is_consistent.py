@@ -329,3 +329,82 @@ def test_a_none_script_still_reports_that_it_runs(tmp_path: Path) -> None:
     [(detail_type, detail)] = recorder.events
     assert detail_type == TRAINING_HEARTBEAT
     assert (detail["job_id"], detail["attempt"], detail["step"], detail["progress"]) == ("j-a", 3, 0, "none")
+
+
+class ReplacementStartsWhileBlobsAreListed(LocalObjects):
+    """The old attempt's store: between its garbage collection's look at the manifests and its
+    listing of the blobs, the replacement claims, restores, and uploads a new blob."""
+
+    def __init__(self, root: Path, meanwhile: Any) -> None:
+        super().__init__(root)
+        self.meanwhile = meanwhile
+
+    def names(self, folder: str) -> list[str]:
+        if folder == "blobs" and self.meanwhile is not None:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+        return super().names(folder)
+
+
+def test_a_replacement_that_starts_during_its_predecessors_garbage_collection_loses_nothing(tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    old_folder = tmp_path / "old"
+    old_folder.mkdir()
+    (old_folder / "weights.pt").write_bytes(b"step 10")
+    new = DirectorySync(tmp_path / "new", LocalObjects(copy), attempt=2)
+
+    def replacement_starts() -> None:
+        new.restore()
+        save_by_rename(new.folder, b"the replacement's step 30", name="optimizer.pt")
+        uploads_only = SavesManifestLater(copy)  # its blob is in S3, its manifest not yet
+        new.objects = uploads_only
+        with pytest.raises(ConnectionError):
+            new.sync_once(settled=True)
+
+    old = DirectorySync(old_folder, LocalObjects(copy), attempt=1)
+    old.sync_once(settled=True)
+    old.objects = ReplacementStartsWhileBlobsAreListed(copy, replacement_starts)
+    (old_folder / "weights.pt").write_bytes(b"step 11")
+    old.sync_once(settled=True)  # its garbage collection runs across the replacement's start
+
+    new.objects = LocalObjects(copy)
+    (new.folder / "log.txt").write_bytes(b"resumed")
+    new.sync_once(settled=True)  # the manifest that lists the blob uploaded before
+    assert restored(copy, tmp_path / "next", attempt=3) == {
+        "log.txt": b"resumed",
+        "optimizer.pt": b"the replacement's step 30",
+        "weights.pt": b"step 11",
+    }
+
+
+class SavesManifestLater(LocalObjects):
+    """Uploads blobs, but its manifest write fails (the replacement dies or stalls in between)."""
+
+    def write(self, key: str, data: bytes) -> None:
+        if key.startswith(f"{MANIFESTS}/"):
+            raise ConnectionError("S3 unreachable")
+        super().write(key, data)
+
+
+def test_a_replacement_with_nothing_to_restore_is_safe_from_its_predecessors_first_sync(tmp_path: Path) -> None:
+    # given attempt 1 that has not synced yet, and its replacement started with nothing to restore
+    copy = tmp_path / "copy"
+    old_folder = tmp_path / "old"
+    old_folder.mkdir()
+    new = DirectorySync(tmp_path / "new", LocalObjects(copy), attempt=2)
+    assert new.restore() == 0
+    save_by_rename(new.folder, b"the replacement's step 5")
+    new.objects = SavesManifestLater(copy)
+    with pytest.raises(ConnectionError):
+        new.sync_once(settled=True)  # its blob is uploaded; its manifest is not written yet
+
+    # when attempt 1 makes its first (and last) sync
+    (old_folder / "late.pt").write_bytes(b"attempt 1's late save")
+    old = DirectorySync(old_folder, LocalObjects(copy), attempt=1)
+    old.finish()
+
+    # then it deleted nothing of the replacement's: its next sync restores whole
+    new.objects = LocalObjects(copy)
+    new.sync_once(settled=True)
+    assert old.superseded
+    assert restored(copy, tmp_path / "next", attempt=3) == {"ckpt.pt": b"the replacement's step 5"}

@@ -15,7 +15,7 @@ from gpujobs.contract import JOB_EXITED, ExitCode
 from gpujobs.domain.decisions import on_checkpoint, on_exit, on_heartbeat
 from gpujobs.domain.effects import Launch
 from gpujobs.domain.fate import Verdict
-from gpujobs.domain.job import COMPLETED_END_REASON, MAX_DETAIL_CHARS, Job, Market
+from gpujobs.domain.job import COMPLETED_END_REASON, MAX_ATTEMPTS_KEPT, MAX_DETAIL_CHARS, Job, Market
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import validate_spec
@@ -24,6 +24,7 @@ from gpujobs_trainer.launch import LaunchPlan, exit_detail
 from gpujobs_trainer.outcome import WorkerOutcome, decide_exit
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
 JOB_ID = "j-0000000000000001"
 SPEC = {
     "name": "digits",
@@ -178,3 +179,107 @@ def test_the_launchers_exit_report_carries_the_workers_configuration_error() -> 
     parsed = REPORT_MODELS[JOB_EXITED].model_validate(detail).report()
     assert isinstance(parsed, ExitReport)
     assert parsed.message == ERROR
+
+
+# ---- progress counts over every attempt of the job, not just the one that exited ------------------
+def _replacement(job: Job, *, after: timedelta) -> Job:
+    """The current attempt reclaimed (its node saved and exited as preempted) and a replacement running."""
+    current = job.current_attempt
+    assert current is not None
+    report = ExitReport(
+        job_id=JOB_ID, attempt=current.number, exit_code=ExitCode.PREEMPTED, instance_id=current.instance_ids[0]
+    )
+    reclaimed = on_exit(job, report, now=NOW + after).job
+    assert reclaimed is not None
+    assert reclaimed.attempts[-1].is_over
+    claimed = claim_launch(reclaimed, now=NOW + after, hold=None).job
+    assert claimed is not None
+    gang = Gang(("i-next",), "g5.xlarge", "us-east-1b", Market.SPOT, "subnet-b")
+    replaced = record_launch(claimed, attempt_number=current.number + 1, gang=gang, tries=(), now=NOW + after).job
+    assert replaced is not None
+    assert replaced.state is JobState.RUNNING
+    return replaced
+
+
+def _exit(job: Job, code: int, *, after: timedelta) -> Job:
+    current = job.current_attempt
+    assert current is not None
+    report = ExitReport(
+        job_id=JOB_ID, attempt=current.number, exit_code=code, instance_id=current.instance_ids[0], message=ERROR
+    )
+    decided = on_exit(job, report, now=NOW + after)
+    assert decided.job is not None
+    return decided.job
+
+
+def test_a_replacements_configuration_error_after_ten_hours_of_training_is_a_crash_retried() -> None:
+    # given a job that trained for 10 h and heartbeated, then was reclaimed before its next commit
+    trained = on_heartbeat(running(), HeartbeatReport(job_id=JOB_ID, attempt=1, step=9000), now=NOW + 10 * HOUR).job
+    assert trained is not None
+    replacement = _replacement(trained, after=10 * HOUR)
+
+    # when the replacement exits 78 before its own first heartbeat (say, a store briefly unreachable)
+    after = _exit(replacement, ExitCode.CONFIG_ERROR, after=10 * HOUR + timedelta(minutes=2))
+
+    # then the job is retried on the ordinary crash path, not failed as misconfigured
+    assert after.state is JobState.QUEUED
+    assert after.history[-1].reason is Reason.CRASHED_RETRYING
+    assert after.attempts[-1].end_reason == Verdict.CRASHED.value
+
+
+def test_a_none_scripts_exit_2_after_five_hours_over_two_attempts_is_a_crash_retried() -> None:
+    # given a `none` script (the launcher heartbeats at step 0) that ran 5 h, then was reclaimed
+    job = Job.submitted(job_id=JOB_ID, spec=validate_spec({**SPEC, "checkpoint": "none"}), now=NOW, message_id="m-1")
+    claimed = claim_launch(job, now=NOW, hold=None).job
+    assert claimed is not None
+    gang = Gang(("i-1",), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
+    launched = record_launch(claimed, attempt_number=1, gang=gang, tries=(), now=NOW).job
+    assert launched is not None
+    beat = on_heartbeat(launched, HeartbeatReport(job_id=JOB_ID, attempt=1, step=0), now=NOW + 5 * HOUR).job
+    assert beat is not None
+    replacement = _replacement(beat, after=5 * HOUR)
+
+    after = _exit(replacement, 2, after=5 * HOUR + timedelta(seconds=20))
+
+    assert after.state is JobState.QUEUED
+    assert after.history[-1].reason is Reason.CRASHED_RETRYING
+
+
+def test_a_commit_of_an_earlier_attempt_is_progress_too() -> None:
+    committed = on_checkpoint(
+        running(), CheckpointReport(job_id=JOB_ID, attempt=1, step=100, uri="s3://b/ckpt"), now=NOW + HOUR
+    ).job
+    assert committed is not None
+
+    after = _exit(_replacement(committed, after=HOUR), ExitCode.CONFIG_ERROR, after=HOUR + timedelta(minutes=1))
+
+    assert after.history[-1].reason is Reason.CRASHED_RETRYING
+
+
+def test_progress_of_an_attempt_dropped_from_the_record_still_counts() -> None:
+    # given a job that heartbeated in attempt 1, then was reclaimed more often than the record keeps
+    job = on_heartbeat(running(), HeartbeatReport(job_id=JOB_ID, attempt=1, step=50), now=NOW + HOUR).job
+    assert job is not None
+    for n in range(MAX_ATTEMPTS_KEPT + 1):
+        job = _replacement(job, after=HOUR + n * timedelta(minutes=5))
+    assert job.attempts[0].number > 1  # attempt 1 is retired
+
+    after = _exit(job, ExitCode.CONFIG_ERROR, after=3 * HOUR)
+
+    assert after.history[-1].reason is Reason.CRASHED_RETRYING
+
+
+def test_a_replacements_configuration_error_when_no_attempt_ever_made_progress_still_fails_at_once() -> None:
+    # given an attempt that crashed at once (exit 1, retried) and a replacement that exits 78 at once
+    retried = _exit(running(), 1, after=timedelta(seconds=30))
+    assert retried.state is JobState.QUEUED
+    claimed = claim_launch(retried, now=NOW + timedelta(minutes=1), hold=None).job
+    assert claimed is not None
+    gang = Gang(("i-2",), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
+    second = record_launch(claimed, attempt_number=2, gang=gang, tries=(), now=NOW + timedelta(minutes=1)).job
+    assert second is not None
+
+    failed = _exit(second, ExitCode.CONFIG_ERROR, after=timedelta(minutes=2))
+
+    assert failed.state is JobState.FAILED
+    assert failed.history[-1].reason is Reason.CONFIG_ERROR

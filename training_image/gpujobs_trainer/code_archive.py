@@ -60,9 +60,14 @@ TRANSIENT_CODES = frozenset(
         "ThrottlingException",
         "RequestLimitExceeded",
         "TooManyRequestsException",
+        "InternalFailure",
+        "ExpiredToken",
+        "RequestExpired",
+        "TokenRefreshRequired",
     }
 )
-"""S3 error codes that say nothing about the archive the user named."""
+"""S3 error codes that say nothing about the archive the user named: S3 busy or failing, or the
+instance role's own session expiring (its credentials are refreshed for the next try)."""
 
 
 class CodeArchiveError(ConfigError):

@@ -19,9 +19,11 @@ the bytes of each file, named by their BLAKE3 digest, and each sync writes one s
   reason logged, for the one before. When manifests exist and none can be restored, the launcher
   exits 78: it never silently starts a job over.
 - **Two attempts may sync at once** (a replacement starts while the old node 0 still runs). Before
-  it downloads anything, a restoring attempt writes a copy of the manifest it restores under its
-  own attempt number (its claim). Only the newest attempt collects garbage: an attempt that sees a
-  manifest of a later one never deletes anything again. Garbage is what the newest `KEEP_MANIFESTS`
+  it downloads or uploads anything, a restoring attempt writes ``claims/<attempt>`` (also when there
+  is nothing to restore) and a copy of the manifest it restores under its own attempt number. Only
+  the newest attempt collects garbage: an attempt that sees a claim or manifest of a later one never
+  deletes anything again, and it looks once more after listing the blobs, so a blob a later attempt
+  uploaded is never in the list it deletes from. Garbage is what the newest `KEEP_MANIFESTS`
   valid manifests do not reach: older manifests, then blobs that none of those lists (and, while the
   attempt runs, none of the manifest it restored, which its other nodes may still be downloading).
 - Symlinks and other non-regular files are not synced. Multi-node jobs: node 0's folder is the
@@ -46,6 +48,7 @@ from gpujobs_trainer.digests import new_hasher
 from gpujobs_trainer.errors import CheckpointError
 from gpujobs_trainer.sync_manifest import (
     BLOBS,
+    CLAIMS,
     MANIFESTS,
     Entry,
     Manifest,
@@ -127,6 +130,8 @@ class DirectorySync:
         """Fill the (empty) folder from the newest manifest that can be restored; returns how many
         files it restored. ``claim``: this is the node that syncs (node 0), so it claims the manifest."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        if claim:  # before anything is uploaded: an older attempt that still syncs stops deleting
+            self.objects.write(f"{CLAIMS}/{self.attempt:06d}", _now().encode())
         if self.objects.read(LEGACY_MANIFEST) is not None:
             log.warning("ignoring %s%s: no launcher of this version writes it", self.objects.where, LEGACY_MANIFEST)
         candidates = newest_first(self.objects.names(MANIFESTS))
@@ -320,21 +325,32 @@ class DirectorySync:
         """Delete what the newest `keep` valid manifests do not reach, unless a later attempt exists
         (it is the one that cleans up then). Blobs of the restored manifest stay while pinned."""
         listed = newest_first(self.objects.names(MANIFESTS))
-        if any(attempt > self.attempt for attempt, _, _ in listed):
-            if not self.superseded:
-                log.info("a later attempt syncs %s too: this one deletes nothing from now on", self.objects.where)
-            self.superseded = True
+        if self._later_attempt_seen(listed):
             return
         valid = [(name, manifest) for _, _, name in listed if (manifest := self._valid(name)[0]) is not None]
         kept = valid[: self.keep]
         reachable = set(self._pinned).union(*(manifest.digests for _, manifest in kept))
+        blobs = self.objects.names(BLOBS)
+        # A later attempt writes its claim before it uploads anything: any blob of one that started
+        # since the manifests were listed is in `blobs` only if its claim is visible now.
+        if self._later_attempt_seen(newest_first(self.objects.names(MANIFESTS))):
+            return
         for name, _ in valid[self.keep :]:
             self.objects.delete(f"{MANIFESTS}/{name}")
             self._known.pop(name, None)
-        for digest in self.objects.names(BLOBS):
+        for digest in blobs:
             if digest not in reachable:
                 self.objects.delete(_blob(digest))
                 self._uploaded.discard(digest)
+
+    def _later_attempt_seen(self, listed: list[tuple[int, int, str]]) -> bool:
+        """Whether a later attempt's manifest or claim exists: then this one never deletes again."""
+        claims = [int(name) for name in self.objects.names(CLAIMS) if name.isdigit()]
+        if self.superseded or any(a > self.attempt for a, _, _ in listed) or any(a > self.attempt for a in claims):
+            if not self.superseded:
+                log.info("a later attempt syncs %s too: this one deletes nothing from now on", self.objects.where)
+            self.superseded = True
+        return self.superseded
 
     # ---- running ------------------------------------------------------------------------------
     def start(self, interval: float) -> None:

@@ -22,7 +22,7 @@ from gpujobs_trainer.digests import DEFAULT_ALGORITHM, is_digest
 from gpujobs_trainer.errors import CheckpointError
 from gpujobs_trainer.signing import checkpoint_signature, signature_problem
 
-MANIFESTS, BLOBS = "manifests", "blobs"
+MANIFESTS, BLOBS, CLAIMS = "manifests", "blobs", "claims"
 MANIFEST_VERSION = 2
 SIGNED_KIND = "manifest"
 _NAME = re.compile(r"^(\d{6})-(\d{8})\.json$")

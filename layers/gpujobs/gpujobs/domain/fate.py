@@ -91,7 +91,7 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
         return Judgement(Verdict.WAIT)
     if job.stop_request is not None and not crashed:
         return Judgement(Verdict.STOPPED, job.stop_request.detail or job.stop_request.reason.value)
-    if crashed and misconfigured(attempt, crashed):
+    if crashed and misconfigured(job, crashed):
         return Judgement(Verdict.MISCONFIGURED, _config_error(attempt, crashed))
     if crashed:
         return Judgement(Verdict.CRASHED, _codes(crashed))
@@ -107,12 +107,21 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
     return Judgement(Verdict.LOST, f"instances gone without a report: {', '.join(missing)}")
 
 
-def misconfigured(attempt: Attempt, crashed: dict[str, int]) -> bool:
-    """A node exited with a configuration error's code before the attempt made any progress (no
-    heartbeat, no committed checkpoint). Decided on codes and progress, never on log text; a
-    script that reports no steps at all counts as before its first step until it ends."""
-    no_progress = attempt.last_heartbeat_at is None and attempt.checkpoint_step is None
-    return no_progress and any(code in MISCONFIGURED_EXIT_CODES for code in crashed.values())
+def misconfigured(job: Job, crashed: dict[str, int]) -> bool:
+    """A node exited with a configuration error's code and the job never made progress in any
+    attempt (`made_progress`). Decided on codes and progress, never on log text. After progress the
+    same code is a crash, retried while attempts remain: the configuration once worked, so what
+    failed (a store briefly unreachable, a file a replacement could not read) may pass."""
+    return not made_progress(job) and any(code in MISCONFIGURED_EXIT_CODES for code in crashed.values())
+
+
+def made_progress(job: Job) -> bool:
+    """Whether any attempt of the job, the retired ones included, ever made progress: a committed
+    checkpoint or a heartbeat (a trainer's step; for a script without the library, the launcher's
+    heartbeat, sent once the script has run for a heartbeat period, is its time trained)."""
+    if job.checkpoint_step is not None or job.retired.progressed:
+        return True
+    return any(a.last_heartbeat_at is not None or a.checkpoint_step is not None for a in job.attempts)
 
 
 def died_at_boot(attempt: Attempt) -> bool:

@@ -186,11 +186,16 @@ class RetiredAttempts(_Frozen):
     boot_deaths_in_a_row: int = 0
     """How many of the newest retired attempts that launched instances saw them die at boot
     (`fate.boot_deaths_in_a_row` goes on counting past the record's kept attempts)."""
+    progressed: bool = False
+    """Whether any retired attempt heartbeated or committed a checkpoint (`fate.made_progress`)."""
 
     def including(self, attempt: Attempt) -> RetiredAttempts:
         in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason in WAITING_FOR_ROOM else 0
+        heard = attempt.last_heartbeat_at is not None or attempt.checkpoint_step is not None
+        progressed = self.progressed or heard
         if not attempt.instance_ids or attempt.ended_at is None:
-            return self.model_copy(update={"count": self.count + 1, "no_capacity_in_a_row": in_a_row})
+            update = {"count": self.count + 1, "no_capacity_in_a_row": in_a_row, "progressed": progressed}
+            return self.model_copy(update=update)
         boot_deaths = self.boot_deaths_in_a_row + 1 if attempt.end_reason == Reason.DIED_AT_BOOT.value else 0
         held = (attempt.ended_at - attempt.started_at).total_seconds()
         market = attempt.market or Market.ON_DEMAND
@@ -222,6 +227,7 @@ class RetiredAttempts(_Frozen):
             usage=tuple(usage),
             no_capacity_in_a_row=in_a_row,
             boot_deaths_in_a_row=boot_deaths,
+            progressed=progressed,
         )
 
     @property

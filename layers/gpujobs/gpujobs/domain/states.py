@@ -105,7 +105,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
     Transition(
-        R, JobState.FAILED, Reason.CONFIG_ERROR, "a configuration error before the first step; a retry fails alike"
+        R,
+        JobState.FAILED,
+        Reason.CONFIG_ERROR,
+        "a configuration error before the job ever made progress; a retry fails alike",
     ),
     Transition(INT, L, Reason.REPLACEMENT_LAUNCHING, "the replacement attempt is being launched"),
     Transition(INT, JobState.SUCCEEDED, Reason.COMPLETED, "the reclaimed attempt finished before any replacement"),
