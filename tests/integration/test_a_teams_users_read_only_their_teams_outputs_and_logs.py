@@ -175,3 +175,19 @@ def test_no_policy_is_rendered_for_a_name_that_is_no_team_or_could_be_a_job() ->
     for name in ("Vision", "a:b", "a*", "j-0123456789abcdef", ""):
         with pytest.raises(NotATeamError):
             policy_of(name)
+
+
+def test_the_policy_docs_security_md_shows_is_the_one_rendered_and_tested_here() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text(encoding="utf-8")
+    block = text.split("<!-- team-user-policy:", 1)[1].split("```json\n", 1)[1].split("\n```", 1)[0]
+    shown = team_user_policy(
+        team="vision",
+        bucket="gpujobs-checkpoints-abc",
+        table_arn=f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/gpujobs-jobs",
+        queue_arn=f"arn:aws:sqs:{REGION}:{ACCOUNT}:gpujobs-jobs",
+        log_group_arn=f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/gpujobs/gpujobs/jobs",
+        stack_arn=f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/gpujobs/*",
+    )
+
+    assert json.loads(block) == shown
+    assert [s["Sid"] for s in shown["Statement"]] == [s["Sid"] for s in policy_of("vision")["Statement"]]
