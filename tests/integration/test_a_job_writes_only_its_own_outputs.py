@@ -46,7 +46,10 @@ def test_a_session_policy_names_only_its_own_jobs_outputs() -> None:
 
     assert outputs["Resource"] == f"arn:aws:s3:::{BUCKET}/outputs/vision/j-a/*"
     assert set(outputs["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
-    assert outputs_uri(bucket=BUCKET, job_id="j-a", team="vision") == f"s3://{BUCKET}/{outputs_prefix('j-a', team='vision')}"
+    assert (
+        outputs_uri(bucket=BUCKET, job_id="j-a", team="vision")
+        == f"s3://{BUCKET}/{outputs_prefix('j-a', team='vision')}"
+    )
 
 
 @pytest.fixture
@@ -63,9 +66,11 @@ def _outputs_policy_for(job_id: str, team: str = "vision") -> dict[str, Any]:
     """The role's outputs statement as IAM applies it to a session tagged with `job_id` and `team`."""
     statement = dict(_statement("WriteOwnJobOutputs"))
     resource = statement["Resource"]["Fn::Sub"]
-    statement["Resource"] = resource.replace("${CheckpointBucket.Arn}", f"arn:aws:s3:::{BUCKET}").replace(
-        "${!aws:PrincipalTag/gpujobs:job-id}", job_id
-    ).replace("${!aws:PrincipalTag/gpujobs:team}", team)
+    statement["Resource"] = (
+        resource.replace("${CheckpointBucket.Arn}", f"arn:aws:s3:::{BUCKET}")
+        .replace("${!aws:PrincipalTag/gpujobs:job-id}", job_id)
+        .replace("${!aws:PrincipalTag/gpujobs:team}", team)
+    )
     return {"Version": "2012-10-17", "Statement": [statement]}
 
 

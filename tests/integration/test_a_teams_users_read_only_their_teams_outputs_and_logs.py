@@ -19,8 +19,7 @@ from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
-from moto import settings
+from moto import mock_aws, settings
 from moto.core.authorization import ActionAuthenticatorMixin
 from moto.dynamodb.responses import DynamoHandler
 from moto.logs.responses import LogsResponse
@@ -96,13 +95,13 @@ def users(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Users]:
     monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
     with mock_aws():
         admin = _admin()
-        s3, ddb, logs = (boto3.client(s, **admin) for s in ("s3", "dynamodb", "logs"))
+        s3, ddb, logs = admin.client("s3"), admin.client("dynamodb"), admin.client("logs")
         s3.create_bucket(Bucket=BUCKET)
         ddb.create_table(**table_definition(table_name=TABLE))
         logs.create_log_group(logGroupName=GROUP)
         store = DynamoJobStore(table_name=TABLE, client=ddb)
         spec = load_spec((EXAMPLES / "digits.yaml").read_bytes())
-        iam = boto3.client("iam", **admin)
+        iam = admin.client("iam")
         keys = {}
         for team, job_id in JOBS.items():
             job = store.create(
@@ -120,13 +119,15 @@ def users(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Users]:
         yield Users(keys)
 
 
-def _admin() -> dict[str, str]:
+def _admin() -> boto3.session.Session:
     iam = boto3.client("iam")
     iam.create_user(UserName="admin")
     everything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
     iam.put_user_policy(UserName="admin", PolicyName="all", PolicyDocument=json.dumps(everything))
     key = iam.create_access_key(UserName="admin")["AccessKey"]
-    return {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+    return boto3.session.Session(
+        aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"], region_name=REGION
+    )
 
 
 def test_a_teams_user_downloads_its_teams_outputs_and_not_anothers(

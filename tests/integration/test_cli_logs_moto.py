@@ -211,7 +211,9 @@ def test_status_of_a_failed_job_shows_the_last_lines_of_the_node_that_failed(
     logs: Logs, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs.job(attempt(1, ended=True, reason=Reason.CRASHED_TOO_OFTEN.value, codes=(0, 1)), state=JobState.FAILED)
-    logs.write(job_log_stream(JOB, 1, 1, team=TEAM), [f"line {i}" for i in range(30)] + ["RuntimeError: CUDA out of memory"])
+    logs.write(
+        job_log_stream(JOB, 1, 1, team=TEAM), [f"line {i}" for i in range(30)] + ["RuntimeError: CUDA out of memory"]
+    )
 
     assert main(["status", JOB]) == 0
 

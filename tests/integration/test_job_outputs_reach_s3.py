@@ -243,7 +243,10 @@ def test_the_bootstrap_uploads_on_request_and_when_the_workload_fails(tmp_path: 
         )
 
     assert done.returncode == 3, done.stdout + done.stderr
-    assert keys(s3) == {"outputs/vision/j-7/early.txt": b"during the job", "outputs/vision/j-7/last-words.txt": b"crashing now"}
+    assert keys(s3) == {
+        "outputs/vision/j-7/early.txt": b"during the job",
+        "outputs/vision/j-7/last-words.txt": b"crashing now",
+    }
     assert "outputs (request): 1 file(s) uploaded" in done.stdout
     assert "outputs (the end): 1 file(s) uploaded" in done.stdout
 

@@ -94,7 +94,10 @@ def test_the_workload_output_and_the_bootstrap_log_reach_the_nodes_streams(
     assert code == 3, output
     # stdout and stderr are two pipes, read by two threads (as docker reads them): each keeps its order,
     # not their order relative to each other
-    assert sorted(messages(logs, job_log_stream("j-0123456789abcdef", 2, 0, team="vision"))) == ["boom", "epoch 1 loss 0.9"]
+    assert sorted(messages(logs, job_log_stream("j-0123456789abcdef", 2, 0, team="vision"))) == [
+        "boom",
+        "epoch 1 loss 0.9",
+    ]
     bootstrap_lines = messages(logs, bootstrap_log_stream("j-0123456789abcdef", 2, 0, team="vision"))
     assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in bootstrap_lines[0]
     assert "gpujobs-bootstrap: job j-0123456789abcdef attempt 2 on " + INSTANCE_ID in bootstrap_lines[1]
