@@ -223,10 +223,7 @@ def _print_failure_tail(args: argparse.Namespace, job: Job) -> None:
 
     try:
         resources = _discover(args, needs=(LOG_GROUP,))
-        logs = JobLogs(resources.client("logs"), resources.values[LOG_GROUP])
-        lines = logs.tail(logs.find(streams))
-    except NoLogError:
-        lines = []
+        lines = JobLogs(resources.client("logs"), resources.values[LOG_GROUP]).tail(streams)
     except (ConfigError, BotoCoreError, ClientError) as exc:
         print(f"  (unavailable: {printable(' '.join(str(exc).split()))})")
         return
@@ -263,8 +260,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _wait_for_stream(logs: JobLogs, streams: tuple[str, str], attempt_over: Callable[[], bool]) -> str:
-    """Until the node has written its first line (in either of its names); NOT_FOUND if its attempt
-    ends without one."""
+    """Until the node has written its first line (under either name); NOT_FOUND if its attempt ends first."""
     told = False
     while True:
         over = attempt_over()

@@ -129,8 +129,12 @@ class JobLogs:
                 return lines, forward
             token = forward
 
-    def tail(self, stream: str, count: int = TAIL_LINES) -> list[LogLine]:
-        """The last `count` lines of `stream`."""
+    def tail(self, streams: tuple[str, ...], count: int = TAIL_LINES) -> list[LogLine]:
+        """The last `count` lines of the first of `streams` that exists; none when none does."""
+        try:
+            stream = self.find(streams)
+        except NoLogError:
+            return []
         page = self.client.get_log_events(
             logGroupName=self.group, logStreamName=stream, startFromHead=False, limit=count
         )
