@@ -1,7 +1,11 @@
-"""`gpujobs artifacts` and `gpujobs download`: what a job left in `s3://<bucket>/outputs/<job-id>/`.
+"""`gpujobs artifacts` and `gpujobs download`: what a job left in `s3://<bucket>/outputs/<team>/<job-id>/`.
 
 The bootstrap uploads each node's output folder there (docs/cli.md has the layout); these commands
-only read it, with the user's own credentials. A key is written by the job, so it is treated as
+only read it, with the user's own credentials, which IAM may limit to one team's `outputs/<team>/`
+(docs/security.md, "What a team's users can read"). The team comes from the job's record. A job
+whose attempts a release before teams were in the names ran left its outputs in `outputs/<job-id>/`:
+when the team's prefix holds nothing, that one is read instead (and counts as empty when the
+user's policy does not reach it). A key is written by the job, so it is treated as
 hostile: shown through `printable`, and downloaded only when it names a plain relative path that
 stays inside the target folder (no `..`, no absolute path, no symlink already in the folder leading
 out). A download writes nothing when it would overwrite a file, unless `--force`; an unsafe key is
@@ -42,9 +46,8 @@ class Artifact:
     modified: datetime
 
 
-def list_artifacts(s3: Any, *, bucket: str, job_id: str) -> list[Artifact]:
-    """Every object under the job's outputs prefix, by key."""
-    prefix = outputs_prefix(job_id)
+def list_artifacts(s3: Any, *, bucket: str, prefix: str) -> list[Artifact]:
+    """Every object under a job's outputs `prefix`, by key."""
     found = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
@@ -96,9 +99,9 @@ def human_size(size: int) -> str:
 
 # ---- the commands ---------------------------------------------------------------------------
 def cmd_artifacts(args: argparse.Namespace) -> int:
-    resources = discover(stack=args.stack, region=args.region, needs=(BUCKET,))
-    artifacts = _artifacts_of(resources, args.job_id)
-    where = f"s3://{resources.values[BUCKET]}/{outputs_prefix(args.job_id)}"
+    resources = discover(stack=args.stack, region=args.region, needs=(BUCKET, TABLE))
+    prefix, artifacts = _artifacts_of(resources, args.job_id)
+    where = f"s3://{resources.values[BUCKET]}/{prefix}"
     if args.json:
         print(json.dumps([_as_json(a, where) for a in artifacts], indent=2))
         return EXIT_OK
@@ -112,8 +115,8 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    resources = discover(stack=args.stack, region=args.region, needs=(BUCKET,))
-    artifacts = _artifacts_of(resources, args.job_id)
+    resources = discover(stack=args.stack, region=args.region, needs=(BUCKET, TABLE))
+    prefix, artifacts = _artifacts_of(resources, args.job_id)
     if not artifacts:
         return EXIT_FAILED
     root = Path(args.dir if args.dir is not None else args.job_id)
@@ -132,7 +135,7 @@ def cmd_download(args: argparse.Namespace) -> int:
     if existing and not args.force:
         shown = ", ".join(printable(p) for p in existing[:5]) + (" ..." if len(existing) > 5 else "")
         raise CommandError(f"{len(existing)} file(s) already exist ({shown}); pass --force to overwrite them")
-    s3, bucket, prefix = resources.client("s3"), resources.values[BUCKET], outputs_prefix(args.job_id)
+    s3, bucket = resources.client("s3"), resources.values[BUCKET]
     downloaded = 0
     for number, (artifact, target) in enumerate(planned, start=1):
         print(f"[{number}/{len(planned)}] {printable(artifact.key)} ({human_size(artifact.size)})", file=sys.stderr)
@@ -157,23 +160,41 @@ def _skipping(artifact: Artifact, why: str | None) -> None:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _artifacts_of(resources: Resources, job_id: str) -> list[Artifact]:
-    """The job's outputs. None at all: a job that has none yet (said on stderr) or no job (exit 3)."""
-    artifacts = list_artifacts(resources.client("s3"), bucket=resources.values[BUCKET], job_id=job_id)
-    if artifacts:
-        return artifacts
-    with_table = discover(stack=resources.stack, region=resources.region, needs=(BUCKET, TABLE))
-    store = DynamoJobStore(table_name=with_table.table_name, client=with_table.client("dynamodb"))
+def _artifacts_of(resources: Resources, job_id: str) -> tuple[str, list[Artifact]]:
+    """The job's outputs prefix and what is under it. No job: exit 3; none yet: said on stderr."""
+    store = DynamoJobStore(table_name=resources.table_name, client=resources.client("dynamodb"))
     try:
         job = store.get(job_id)
     except JobNotFoundError:
         raise CommandError(f"no job {job_id}", EXIT_NOT_FOUND) from None
+    s3, bucket = resources.client("s3"), resources.values[BUCKET]
+    prefix = outputs_prefix(job.job_id, team=job.team)
+    artifacts = list_artifacts(s3, bucket=bucket, prefix=prefix)
+    if artifacts:
+        return prefix, artifacts
+    before_teams = outputs_prefix(job.job_id, team=None)
+    artifacts = _listed_if_allowed(s3, bucket=bucket, prefix=before_teams)
+    if artifacts:
+        return before_teams, artifacts
     print(
         f"{job_id} ({job.state.value}) has no outputs yet: its output folder is uploaded when it ends "
         "and whenever it asks for it (docs/training.md)",
         file=sys.stderr,
     )
-    return []
+    return prefix, []
+
+
+def _listed_if_allowed(s3: Any, *, bucket: str, prefix: str) -> list[Artifact]:
+    """`list_artifacts`, or none when the user's policy does not reach `prefix` (a team-scoped
+    user and the outputs of a job from before teams were in the names)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return list_artifacts(s3, bucket=bucket, prefix=prefix)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "AccessDenied":
+            raise
+        return []
 
 
 def _as_json(artifact: Artifact, where: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore, UnreadableJobError
 from gpujobs_cli import code, render
 from gpujobs_cli.code import CodePackError
-from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_stream, failed_attempt
+from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_streams, failed_attempt
 from gpujobs_cli.resources import BUCKET, DASHBOARD, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
 from gpujobs_cli.spend import spend_of
 
@@ -214,7 +214,7 @@ def _print_failure_tail(args: argparse.Namespace, job: Job) -> None:
     if found is None:
         return
     attempt, node = found
-    stream = choose_stream(job, attempt, node=node)
+    streams = choose_streams(job, attempt, node=node)
     print(
         f"\nlast lines of attempt {attempt.number}, node {node} (gpujobs logs {job.job_id} --attempt {attempt.number}"
         f" --node {node}):"
@@ -223,7 +223,7 @@ def _print_failure_tail(args: argparse.Namespace, job: Job) -> None:
 
     try:
         resources = _discover(args, needs=(LOG_GROUP,))
-        lines = JobLogs(resources.client("logs"), resources.values[LOG_GROUP]).tail(stream)
+        lines = JobLogs(resources.client("logs"), resources.values[LOG_GROUP]).tail(streams)
     except (ConfigError, BotoCoreError, ClientError) as exc:
         print(f"  (unavailable: {printable(' '.join(str(exc).split()))})")
         return
@@ -239,9 +239,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     since = utc_now() - args.since if args.since else None
     try:
         attempt = choose_attempt(job, args.attempt)
-        stream = choose_stream(job, attempt, node=args.node, bootstrap=args.bootstrap)
+        streams = choose_streams(job, attempt, node=args.node, bootstrap=args.bootstrap)
         if not args.follow:
-            logs.require(stream)
+            stream = logs.find(streams)
     except NoLogError as exc:
         raise CommandError(str(exc), EXIT_NOT_FOUND) from None
 
@@ -250,7 +250,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return current.is_over
 
     if args.follow:
-        _wait_for_stream(logs, stream, attempt_over)
+        stream = _wait_for_stream(logs, streams, attempt_over)
         lines = logs.follow(stream, since=since, is_over=attempt_over, sleep=sleep, every=POLL_SECONDS)
     else:
         lines = iter(logs.read(stream, since=since)[0])
@@ -259,19 +259,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _wait_for_stream(logs: JobLogs, stream: str, attempt_over: Callable[[], bool]) -> None:
-    """Until the node has written its first line; NOT_FOUND if its attempt ends without one."""
+def _wait_for_stream(logs: JobLogs, streams: tuple[str, str], attempt_over: Callable[[], bool]) -> str:
+    """Until the node has written its first line (under either name); NOT_FOUND if its attempt ends first."""
     told = False
     while True:
         over = attempt_over()
         try:
-            logs.require(stream)
-            return
+            return logs.find(streams)
         except NoLogError as exc:
             if over:
                 raise CommandError(str(exc), EXIT_NOT_FOUND) from None
             if not told:
-                print(f"[{_clock()}] waiting for {stream} to start", file=sys.stderr)
+                print(f"[{_clock()}] waiting for {streams[0]} to start", file=sys.stderr)
                 told = True
         sleep(POLL_SECONDS)
 

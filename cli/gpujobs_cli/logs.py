@@ -1,9 +1,11 @@
 """A job's output, read back from CloudWatch Logs: `gpujobs logs` and the tail `gpujobs status` shows.
 
 Every node of every attempt writes two streams in the stack's job log group: its workload's output
-(`<job>/<attempt>/<node>`, docker's awslogs driver on EC2, the bootstrap's shipper on the local
-cloud) and its bootstrap's log (the same name + `/bootstrap`), so a user reads the same thing on
-AWS and on the local cloud. By default the newest attempt that got instances, node 0 (rank 0 of
+(`<team>/<job>/<attempt>/<node>`, docker's awslogs driver on EC2, the bootstrap's shipper on the
+local cloud) and its bootstrap's log (the same name + `/bootstrap`), so a user reads the same thing
+on AWS and on the local cloud. The team comes first so that IAM can limit a team's users to its
+streams (docs/security.md). An attempt launched by a release before teams were in the names wrote
+`<job>/<attempt>/<node>`: when the team's stream does not exist, that one is read. By default the newest attempt that got instances, node 0 (rank 0 of
 torchrun's node ranks), as for `docker logs`.
 
 GetLogEvents has no paginator, and pages may be partly full or empty before the end: the end of a
@@ -71,12 +73,14 @@ def choose_attempt(job: Job, number: int | None) -> Attempt:
     raise NoLogError(f"{job.job_id} has no attempt {number} (its attempts: {numbers})")
 
 
-def choose_stream(job: Job, attempt: Attempt, *, node: int, bootstrap: bool = False) -> str:
+def choose_streams(job: Job, attempt: Attempt, *, node: int, bootstrap: bool = False) -> tuple[str, str]:
+    """The node's stream as this release names it, and as a release before teams were in the names did."""
     nodes = job.spec.nodes if job.spec is not None else 1
     if not 0 <= node < nodes:
         raise NoLogError(f"{job.job_id} runs on {nodes} node(s): --node takes 0 to {nodes - 1}, not {node}")
-    stream = job_log_stream(job.job_id, attempt.number, node)
-    return stream + BOOTSTRAP_LOG_STREAM_SUFFIX if bootstrap else stream
+    suffix = BOOTSTRAP_LOG_STREAM_SUFFIX if bootstrap else ""
+    now, before = (job_log_stream(job.job_id, attempt.number, node, team=team) + suffix for team in (job.team, None))
+    return now, before
 
 
 def failed_attempt(job: Job) -> tuple[Attempt, int] | None:
@@ -98,11 +102,14 @@ class JobLogs:
         self.client = client
         self.group = group
 
-    def require(self, stream: str) -> None:
-        """NoLogError unless `stream` exists (a node that has not started has none yet)."""
-        found = self.client.describe_log_streams(logGroupName=self.group, logStreamNamePrefix=stream)
-        if not any(s["logStreamName"] == stream for s in found.get("logStreams", [])):
-            raise NoLogError(f"no log yet in {self.group} for {stream} (the node has not started, or wrote nothing)")
+    def find(self, streams: tuple[str, ...]) -> str:
+        """The first of `streams` that exists; NoLogError, naming the first, when none does (a node
+        that has not started has none yet)."""
+        for stream in streams:
+            found = self.client.describe_log_streams(logGroupName=self.group, logStreamNamePrefix=stream)
+            if any(s["logStreamName"] == stream for s in found.get("logStreams", [])):
+                return stream
+        raise NoLogError(f"no log yet in {self.group} for {streams[0]} (the node has not started, or wrote nothing)")
 
     def read(
         self, stream: str, *, since: datetime | None = None, token: str | None = None
@@ -122,8 +129,12 @@ class JobLogs:
                 return lines, forward
             token = forward
 
-    def tail(self, stream: str, count: int = TAIL_LINES) -> list[LogLine]:
-        """The last `count` lines of `stream`."""
+    def tail(self, streams: tuple[str, ...], count: int = TAIL_LINES) -> list[LogLine]:
+        """The last `count` lines of the first of `streams` that exists; none when none does."""
+        try:
+            stream = self.find(streams)
+        except NoLogError:
+            return []
         page = self.client.get_log_events(
             logGroupName=self.group, logStreamName=stream, startFromHead=False, limit=count
         )

@@ -224,7 +224,7 @@ class Demo:
             "logs": {  # what `gpujobs logs JOB [--attempt N] [--node K]` reads, while the cloud runs
                 "log_group": self.session.cloud.outputs["JobLogGroupName"],
                 "streams": [
-                    job_log_stream(job.job_id, attempt.number, node)
+                    job_log_stream(job.job_id, attempt.number, node, team=job.team)
                     for attempt in job.attempts
                     for node in range(len(attempt.instance_ids))
                 ],
@@ -235,8 +235,9 @@ class Demo:
     def outputs(self) -> dict[str, Any]:
         """Where the job's output folder went, and what is there (`gpujobs artifacts` reads the same)."""
         bucket = self.session.cloud.outputs["CheckpointBucketName"]
-        found = list_artifacts(self.session.cloud.client("s3"), bucket=bucket, job_id=self.job_id)
-        return {"uri": f"s3://{bucket}/{outputs_prefix(self.job_id)}", "keys": [a.key for a in found]}
+        prefix = outputs_prefix(self.job_id, team=self.job().team)
+        found = list_artifacts(self.session.cloud.client("s3"), bucket=bucket, prefix=prefix)
+        return {"uri": f"s3://{bucket}/{prefix}", "keys": [a.key for a in found]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ def test_a_finished_jobs_exported_model_is_listed_and_downloaded(
 
     assert [a["key"] for a in listed] == ["model.safetensors"]
     bucket = stage.cloud.outputs["CheckpointBucketName"]
-    assert listed[0]["uri"] == f"s3://{bucket}/outputs/{job_id}/model.safetensors"
+    assert listed[0]["uri"] == f"s3://{bucket}/outputs/{job.team}/{job_id}/model.safetensors"
     weights = load_file(tmp_path / "results" / "model.safetensors")
     assert weights, "the downloaded file holds the model's tensors"
     assert all(not name.startswith("module.") for name in weights)

@@ -1,4 +1,4 @@
-"""A job's credentials write its own `outputs/<job-id>/` and nothing else there; outputs never expire.
+"""A job's credentials write its own `outputs/<team>/<job-id>/` and nothing else there; outputs never expire.
 
 Proofs as in test_job_isolation_policies.py: the job role's statement is *enforced on moto* (IAM on,
 the session tag substituted as IAM does), the session policy and the tag-scoped resource are
@@ -34,7 +34,9 @@ def _statement(sid: str) -> dict[str, Any]:
 def test_the_job_role_may_write_and_never_read_or_delete_its_own_outputs() -> None:
     outputs = _statement("WriteOwnJobOutputs")
 
-    assert outputs["Resource"] == {"Fn::Sub": "${CheckpointBucket.Arn}/outputs/${!aws:PrincipalTag/gpujobs:job-id}/*"}
+    assert outputs["Resource"] == {
+        "Fn::Sub": "${CheckpointBucket.Arn}/outputs/${!aws:PrincipalTag/gpujobs:team}/${!aws:PrincipalTag/gpujobs:job-id}/*"
+    }
     assert set(outputs["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
 
 
@@ -42,9 +44,12 @@ def test_a_session_policy_names_only_its_own_jobs_outputs() -> None:
     policy = session_policy(bucket=BUCKET, job_id="j-a", team="vision")
     (outputs,) = [s for s in policy["Statement"] if "outputs/" in json.dumps(s["Resource"])]
 
-    assert outputs["Resource"] == f"arn:aws:s3:::{BUCKET}/outputs/j-a/*"
+    assert outputs["Resource"] == f"arn:aws:s3:::{BUCKET}/outputs/vision/j-a/*"
     assert set(outputs["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
-    assert outputs_uri(bucket=BUCKET, job_id="j-a") == f"s3://{BUCKET}/{outputs_prefix('j-a')}"
+    assert (
+        outputs_uri(bucket=BUCKET, job_id="j-a", team="vision")
+        == f"s3://{BUCKET}/{outputs_prefix('j-a', team='vision')}"
+    )
 
 
 @pytest.fixture
@@ -57,12 +62,14 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-def _outputs_policy_for(job_id: str) -> dict[str, Any]:
-    """The role's outputs statement as IAM applies it to a session tagged with `job_id`."""
+def _outputs_policy_for(job_id: str, team: str = "vision") -> dict[str, Any]:
+    """The role's outputs statement as IAM applies it to a session tagged with `job_id` and `team`."""
     statement = dict(_statement("WriteOwnJobOutputs"))
     resource = statement["Resource"]["Fn::Sub"]
-    statement["Resource"] = resource.replace("${CheckpointBucket.Arn}", f"arn:aws:s3:::{BUCKET}").replace(
-        "${!aws:PrincipalTag/gpujobs:job-id}", job_id
+    statement["Resource"] = (
+        resource.replace("${CheckpointBucket.Arn}", f"arn:aws:s3:::{BUCKET}")
+        .replace("${!aws:PrincipalTag/gpujobs:job-id}", job_id)
+        .replace("${!aws:PrincipalTag/gpujobs:team}", team)
     )
     return {"Version": "2012-10-17", "Statement": [statement]}
 
@@ -72,7 +79,7 @@ def test_on_moto_a_jobs_credentials_write_its_outputs_and_no_other_jobs(aws: Non
     # Given job B's outputs and job A's role, set up in the 8 calls moto leaves unchecked
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key="outputs/j-b/model.safetensors", Body=b"b's weights")
+    s3.put_object(Bucket=BUCKET, Key="outputs/vision/j-b/model.safetensors", Body=b"b's weights")
     iam = boto3.client("iam")
     iam.create_user(UserName="instance")
     iam.put_user_policy(
@@ -101,12 +108,12 @@ def test_on_moto_a_jobs_credentials_write_its_outputs_and_no_other_jobs(aws: Non
     )
 
     # Then its own outputs are written ...
-    job_a.put_object(Bucket=BUCKET, Key="outputs/j-a/model.safetensors", Body=b"a's weights")
+    job_a.put_object(Bucket=BUCKET, Key="outputs/vision/j-a/model.safetensors", Body=b"a's weights")
     # ... and job B's outputs can be neither overwritten nor read, its own not read back
     for attempt in (
-        lambda: job_a.put_object(Bucket=BUCKET, Key="outputs/j-b/model.safetensors", Body=b"poisoned"),
-        lambda: job_a.get_object(Bucket=BUCKET, Key="outputs/j-b/model.safetensors"),
-        lambda: job_a.get_object(Bucket=BUCKET, Key="outputs/j-a/model.safetensors"),
+        lambda: job_a.put_object(Bucket=BUCKET, Key="outputs/vision/j-b/model.safetensors", Body=b"poisoned"),
+        lambda: job_a.get_object(Bucket=BUCKET, Key="outputs/vision/j-b/model.safetensors"),
+        lambda: job_a.get_object(Bucket=BUCKET, Key="outputs/vision/j-a/model.safetensors"),
     ):
         with pytest.raises(ClientError) as denied:
             attempt()

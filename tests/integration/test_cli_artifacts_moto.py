@@ -1,6 +1,6 @@
 """`gpujobs artifacts` and `gpujobs download` against moto: a user finds and fetches what a job left.
 
-The job's outputs are objects under `outputs/<job-id>/` of the stack's bucket (the bootstrap's
+The job's outputs are objects under `outputs/<team>/<job-id>/` of the stack's bucket (the bootstrap's
 uploads); their keys were chosen by the job, so the CLI treats them as hostile on the way to the
 terminal and to the disk.
 """
@@ -20,6 +20,7 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
+from gpujobs.contract import outputs_prefix
 from gpujobs.domain.job import Job
 from gpujobs.domain.spec import load_spec
 from gpujobs_cli.main import main
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BUCKET, TABLE, JOB = "gpujobs-checkpoints", "gpujobs-jobs", "j-00000000000000aa"
+TEAM = "default"  # examples/digits.yaml names none
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
 
@@ -37,8 +39,8 @@ class Outputs:
     s3: Any
     store: DynamoJobStore
 
-    def put(self, key: str, body: bytes, *, job_id: str = JOB) -> None:
-        self.s3.put_object(Bucket=BUCKET, Key=f"outputs/{job_id}/{key}", Body=body)
+    def put(self, key: str, body: bytes, *, job_id: str = JOB, team: str | None = TEAM) -> None:
+        self.s3.put_object(Bucket=BUCKET, Key=outputs_prefix(job_id, team=team) + key, Body=body)
 
     def add_job(self, job_id: str = JOB) -> None:
         spec = load_spec((EXAMPLES / "digits.yaml").read_bytes())
@@ -85,7 +87,7 @@ def test_artifacts_lists_every_nodes_files_with_size_and_time(
     assert lines[0].split() == ["KEY", "SIZE", "MODIFIED"]
     assert [line.split()[0] for line in lines[1:]] == ["metrics.json", "model.safetensors", "node-1/metrics.json"]
     assert "2.9 KiB" in lines[2]
-    assert f"3 file(s), 3.0 KiB, in s3://{BUCKET}/outputs/{JOB}/" in err
+    assert f"3 file(s), 3.0 KiB, in s3://{BUCKET}/outputs/{TEAM}/{JOB}/" in err
 
 
 def test_artifacts_json_gives_keys_sizes_times_and_uris(outputs: Outputs, capsys: pytest.CaptureFixture[str]) -> None:
@@ -100,8 +102,26 @@ def test_artifacts_json_gives_keys_sizes_times_and_uris(outputs: Outputs, capsys
         ("model.safetensors", 3000),
         ("node-1/metrics.json", 13),
     ]
-    assert listed[1]["uri"] == f"s3://{BUCKET}/outputs/{JOB}/model.safetensors"
+    assert listed[1]["uri"] == f"s3://{BUCKET}/outputs/{TEAM}/{JOB}/model.safetensors"
     assert datetime.fromisoformat(listed[1]["modified"]).tzinfo is not None
+
+
+def test_a_job_of_the_release_before_teams_in_names_is_downloaded_from_where_it_left_its_outputs(
+    outputs: Outputs, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Given a job whose attempts the previous release ran: its outputs are under outputs/<job-id>/
+    outputs.add_job()
+    outputs.put("model.safetensors", b"old weights", team=None)
+
+    # When its user lists and downloads them with this release
+    assert main(["artifacts", JOB]) == 0
+    listed = capsys.readouterr()
+    assert main(["download", JOB]) == 0
+
+    # Then they are found where that release put them
+    assert listed.out.splitlines()[1].split()[0] == "model.safetensors"
+    assert f"in s3://{BUCKET}/outputs/{JOB}/" in listed.err
+    assert (tmp_path / JOB / "model.safetensors").read_bytes() == b"old weights"
 
 
 def test_a_job_without_outputs_yet_is_told_apart_from_no_job(

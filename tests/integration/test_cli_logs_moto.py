@@ -32,6 +32,7 @@ pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GROUP = job_log_group("gpujobs-test")
 JOB = "j-00000000000000aa"
+TEAM = "ml-platform"  # examples/digits-2node.yaml's
 NOW = datetime.now(UTC).replace(microsecond=0)
 
 
@@ -86,26 +87,41 @@ def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Logs]:
 
 def test_logs_prints_node_0_of_the_newest_attempt_by_default(logs: Logs, capsys: pytest.CaptureFixture[str]) -> None:
     logs.job(attempt(1, ended=True, reason=Reason.CRASHED_RETRYING.value, codes=(1, 0)), attempt(2))
-    logs.write(job_log_stream(JOB, 1, 0), ["attempt 1 node 0"])
-    logs.write(job_log_stream(JOB, 2, 0), ["step 1 loss 2.30", "step 2 loss 2.10"])
-    logs.write(job_log_stream(JOB, 2, 1), ["attempt 2 node 1"])
+    logs.write(job_log_stream(JOB, 1, 0, team=TEAM), ["attempt 1 node 0"])
+    logs.write(job_log_stream(JOB, 2, 0, team=TEAM), ["step 1 loss 2.30", "step 2 loss 2.10"])
+    logs.write(job_log_stream(JOB, 2, 1, team=TEAM), ["attempt 2 node 1"])
 
     assert main(["logs", JOB]) == 0
 
     assert capsys.readouterr().out == "step 1 loss 2.30\nstep 2 loss 2.10\n"
 
 
+def test_an_attempt_the_release_before_teams_in_names_ran_is_read_from_its_streams(
+    logs: Logs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an attempt whose nodes wrote `<job>/<attempt>/<node>`, as the previous release named them
+    logs.job(attempt(1))
+    logs.write(job_log_stream(JOB, 1, 0, team=None), ["written before the upgrade"])
+    logs.write(bootstrap_log_stream(JOB, 1, 0, team=None), ["gpujobs-bootstrap: old"])
+
+    # When its user reads them with this release, then they are found there
+    assert main(["logs", JOB]) == 0
+    assert capsys.readouterr().out == "written before the upgrade\n"
+    assert main(["logs", JOB, "--bootstrap", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stream"] == bootstrap_log_stream(JOB, 1, 0, team=None)
+
+
 def test_attempt_node_bootstrap_and_since_choose_what_is_printed(
     logs: Logs, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs.job(attempt(1, ended=True, reason=Reason.CRASHED_RETRYING.value), attempt(2))
-    logs.write(job_log_stream(JOB, 1, 1), ["an hour ago"], at=NOW - timedelta(hours=1))
+    logs.write(job_log_stream(JOB, 1, 1, team=TEAM), ["an hour ago"], at=NOW - timedelta(hours=1))
     logs.client.put_log_events(
         logGroupName=GROUP,
-        logStreamName=job_log_stream(JOB, 1, 1),
+        logStreamName=job_log_stream(JOB, 1, 1, team=TEAM),
         logEvents=[{"timestamp": int(NOW.timestamp() * 1000), "message": "just now"}],
     )
-    logs.write(bootstrap_log_stream(JOB, 1, 1), ["gpujobs-bootstrap: starting the workload"])
+    logs.write(bootstrap_log_stream(JOB, 1, 1, team=TEAM), ["gpujobs-bootstrap: starting the workload"])
 
     assert main(["logs", JOB, "--attempt", "1", "--node", "1"]) == 0
     assert capsys.readouterr().out == "an hour ago\njust now\n"
@@ -114,7 +130,7 @@ def test_attempt_node_bootstrap_and_since_choose_what_is_printed(
     assert main(["logs", JOB, "--attempt", "1", "--node", "1", "--bootstrap", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["message"] == "gpujobs-bootstrap: starting the workload"
-    assert printed["stream"] == bootstrap_log_stream(JOB, 1, 1)
+    assert printed["stream"] == bootstrap_log_stream(JOB, 1, 1, team=TEAM)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +139,7 @@ def test_attempt_node_bootstrap_and_since_choose_what_is_printed(
         (["logs", "j-00000000000000ff"], "no job j-00000000000000ff"),
         (["logs", JOB, "--attempt", "7"], f"{JOB} has no attempt 7 (its attempts: 1)"),
         (["logs", JOB, "--node", "2"], "--node takes 0 to 1, not 2"),
-        (["logs", JOB], f"no log yet in {GROUP} for {job_log_stream(JOB, 1, 0)}"),
+        (["logs", JOB], f"no log yet in {GROUP} for {job_log_stream(JOB, 1, 0, team=TEAM)}"),
         (["logs", JOB, "--since", "soon"], "'soon' is not a duration"),
     ],
 )
@@ -141,7 +157,7 @@ def test_follow_prints_lines_as_they_come_and_ends_with_the_attempt(
     logs: Logs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = logs.job(attempt(1))
-    stream = job_log_stream(JOB, 1, 0)
+    stream = job_log_stream(JOB, 1, 0, team=TEAM)
     story = iter(["the node starts", "it prints", "the attempt ends"])
 
     def time_passes(_seconds: float) -> None:
@@ -177,7 +193,7 @@ def test_follow_stopped_with_ctrl_c_prints_no_traceback(
     logs: Logs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     logs.job(attempt(1))
-    logs.write(job_log_stream(JOB, 1, 0), ["step 1"])
+    logs.write(job_log_stream(JOB, 1, 0, team=TEAM), ["step 1"])
 
     def ctrl_c(_seconds: float) -> None:
         raise KeyboardInterrupt
@@ -195,7 +211,9 @@ def test_status_of_a_failed_job_shows_the_last_lines_of_the_node_that_failed(
     logs: Logs, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs.job(attempt(1, ended=True, reason=Reason.CRASHED_TOO_OFTEN.value, codes=(0, 1)), state=JobState.FAILED)
-    logs.write(job_log_stream(JOB, 1, 1), [f"line {i}" for i in range(30)] + ["RuntimeError: CUDA out of memory"])
+    logs.write(
+        job_log_stream(JOB, 1, 1, team=TEAM), [f"line {i}" for i in range(30)] + ["RuntimeError: CUDA out of memory"]
+    )
 
     assert main(["status", JOB]) == 0
 
@@ -208,7 +226,7 @@ def test_status_of_a_failed_job_shows_the_last_lines_of_the_node_that_failed(
 
 def test_status_of_a_running_job_shows_no_log(logs: Logs, capsys: pytest.CaptureFixture[str]) -> None:
     logs.job(attempt(1))
-    logs.write(job_log_stream(JOB, 1, 0), ["step 1"])
+    logs.write(job_log_stream(JOB, 1, 0, team=TEAM), ["step 1"])
 
     assert main(["status", JOB]) == 0
 
@@ -219,7 +237,7 @@ def test_log_lines_reach_the_terminal_without_control_characters(
     logs: Logs, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs.job(attempt(1))
-    logs.write(job_log_stream(JOB, 1, 0), ["\x1b]0;pwned\x07red\x1b[31m"])
+    logs.write(job_log_stream(JOB, 1, 0, team=TEAM), ["\x1b]0;pwned\x07red\x1b[31m"])
 
     assert main(["logs", JOB]) == 0
 

@@ -1,4 +1,4 @@
-"""What a job writes to $GPUJOBS_OUTPUT_DIR reaches `s3://<bucket>/outputs/<job-id>/`, and nothing else does.
+"""What a job writes to $GPUJOBS_OUTPUT_DIR reaches `s3://<bucket>/outputs/<team>/<job-id>/`, and nothing else does.
 
 Stories: the bootstrap gives the workload an output folder and uploads it when the workload ends,
 whatever its exit, and on request while it runs; each node has its place under the job's prefix;
@@ -33,7 +33,7 @@ from tests.unit.fake_imds import FakeImds
 pytestmark = pytest.mark.integration
 
 BUCKET = "stack-checkpoints"
-URI = outputs_uri(bucket=BUCKET, job_id="j-7")
+URI = outputs_uri(bucket=BUCKET, job_id="j-7", team="vision")
 
 
 def keys(s3: Any, prefix: str = "outputs/") -> dict[str, bytes]:
@@ -64,10 +64,10 @@ def test_node_0_uploads_to_the_jobs_prefix_and_other_nodes_under_their_own_folde
         outputs_in(folder, s3, node_rank=node).upload()
 
     assert keys(s3) == {
-        "outputs/j-7/metrics.json": b'{"node": 0}',
-        "outputs/j-7/eval/samples.txt": b"a cat",
-        "outputs/j-7/node-2/metrics.json": b'{"node": 2}',
-        "outputs/j-7/node-2/eval/samples.txt": b"a cat",
+        "outputs/vision/j-7/metrics.json": b'{"node": 0}',
+        "outputs/vision/j-7/eval/samples.txt": b"a cat",
+        "outputs/vision/j-7/node-2/metrics.json": b'{"node": 2}',
+        "outputs/vision/j-7/node-2/eval/samples.txt": b"a cat",
     }
 
 
@@ -80,7 +80,7 @@ def test_asking_twice_sends_only_what_changed_in_between(tmp_path: Path, s3: Any
     assert outputs.upload() == 0
     (tmp_path / "out" / "b.txt").write_text("three")
     assert outputs.upload() == 1
-    assert keys(s3)["outputs/j-7/b.txt"] == b"three"
+    assert keys(s3)["outputs/vision/j-7/b.txt"] == b"three"
 
 
 def test_nothing_outside_the_folder_is_uploaded_through_a_link(tmp_path: Path, s3: Any) -> None:
@@ -100,7 +100,7 @@ def test_nothing_outside_the_folder_is_uploaded_through_a_link(tmp_path: Path, s
 
     outputs.upload()
 
-    assert keys(s3) == {"outputs/j-7/model.bin": b"\x00weights"}
+    assert keys(s3) == {"outputs/vision/j-7/model.bin": b"\x00weights"}
 
 
 def test_files_still_being_written_and_the_request_itself_are_never_uploaded(tmp_path: Path, s3: Any) -> None:
@@ -113,7 +113,7 @@ def test_files_still_being_written_and_the_request_itself_are_never_uploaded(tmp
 
     outputs.upload()
 
-    assert keys(s3) == {"outputs/j-7/done.txt": b"whole"}
+    assert keys(s3) == {"outputs/vision/j-7/done.txt": b"whole"}
 
 
 def test_a_request_uploads_while_the_job_runs_and_the_end_uploads_the_rest(tmp_path: Path, s3: Any) -> None:
@@ -121,13 +121,13 @@ def test_a_request_uploads_while_the_job_runs_and_the_end_uploads_the_rest(tmp_p
         (tmp_path / "out" / "epoch-1.txt").write_text("loss 0.5")
         (tmp_path / "out" / OUTPUT_UPLOAD_REQUEST_FILE).touch()
         deadline = time.monotonic() + 10
-        while "outputs/j-7/epoch-1.txt" not in keys(s3) and time.monotonic() < deadline:
+        while "outputs/vision/j-7/epoch-1.txt" not in keys(s3) and time.monotonic() < deadline:
             time.sleep(0.05)
 
-        assert keys(s3) == {"outputs/j-7/epoch-1.txt": b"loss 0.5"}
+        assert keys(s3) == {"outputs/vision/j-7/epoch-1.txt": b"loss 0.5"}
         (tmp_path / "out" / "epoch-2.txt").write_text("loss 0.4")
 
-    assert set(keys(s3)) == {"outputs/j-7/epoch-1.txt", "outputs/j-7/epoch-2.txt"}
+    assert set(keys(s3)) == {"outputs/vision/j-7/epoch-1.txt", "outputs/vision/j-7/epoch-2.txt"}
 
 
 def test_a_workload_that_waits_for_its_request_finds_everything_it_wrote_in_s3(tmp_path: Path, s3: Any) -> None:
@@ -136,7 +136,7 @@ def test_a_workload_that_waits_for_its_request_finds_everything_it_wrote_in_s3(t
         (folder / "model.safetensors").write_bytes(b"weights")
 
         assert upload_and_wait(folder, timeout=10, poll=0.01)
-        assert keys(s3) == {"outputs/j-7/model.safetensors": b"weights"}
+        assert keys(s3) == {"outputs/vision/j-7/model.safetensors": b"weights"}
         assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
 
 
@@ -148,10 +148,10 @@ def test_an_upload_that_fails_is_logged_and_never_raises(tmp_path: Path, s3: Any
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / "a.txt").write_text("x")
-    with Outputs(str(folder), lambda _service: s3, uri="s3://no-such-bucket/outputs/j-7/", node_rank=0):
+    with Outputs(str(folder), lambda _service: s3, uri="s3://no-such-bucket/outputs/vision/j-7/", node_rank=0):
         pass
 
-    assert "upload to s3://no-such-bucket/outputs/j-7/ failed" in capsys.readouterr().out
+    assert "upload to s3://no-such-bucket/outputs/vision/j-7/ failed" in capsys.readouterr().out
 
 
 def test_docker_mounts_a_fresh_folder_owned_by_the_images_user_where_the_workload_is_told(
@@ -201,7 +201,7 @@ WORKLOAD = textwrap.dedent(
     (out / "{request}").touch()
     s3 = boto3.client("s3")
     deadline = time.monotonic() + 30
-    while not s3.list_objects_v2(Bucket="{bucket}", Prefix="outputs/j-7/early.txt").get("KeyCount"):
+    while not s3.list_objects_v2(Bucket="{bucket}", Prefix="outputs/vision/j-7/early.txt").get("KeyCount"):
         assert time.monotonic() < deadline, "the requested upload never happened"
         time.sleep(0.2)
     (out / "last-words.txt").write_text("crashing now")
@@ -243,7 +243,10 @@ def test_the_bootstrap_uploads_on_request_and_when_the_workload_fails(tmp_path: 
         )
 
     assert done.returncode == 3, done.stdout + done.stderr
-    assert keys(s3) == {"outputs/j-7/early.txt": b"during the job", "outputs/j-7/last-words.txt": b"crashing now"}
+    assert keys(s3) == {
+        "outputs/vision/j-7/early.txt": b"during the job",
+        "outputs/vision/j-7/last-words.txt": b"crashing now",
+    }
     assert "outputs (request): 1 file(s) uploaded" in done.stdout
     assert "outputs (the end): 1 file(s) uploaded" in done.stdout
 

@@ -40,10 +40,10 @@ def test_the_demo_job_survives_a_spot_interruption_and_finishes_accurate(
     # a save at the warning loses at most the step in flight; a joined save, what ran since it started
     assert summary["steps_lost"] <= (1 if saved_at_the_warning else CHECKPOINT_EVERY_STEPS - 1)
     assert summary["logs"]["log_group"] == "/gpujobs/gpujobs-local/jobs"
-    assert summary["logs"]["streams"] == [f"{summary['job_id']}/{a['attempt']}/0" for a in (first, second)]
+    assert summary["logs"]["streams"] == [f"demo/{summary['job_id']}/{a['attempt']}/0" for a in (first, second)]
     instance_logs = list(tmp_path.rglob("bootstrap.log"))
     assert len(instance_logs) == 2  # two instances ran, nothing else was launched
-    assert summary["outputs"]["uri"] == f"s3://gpujobs-local-checkpoints/outputs/{summary['job_id']}/"
+    assert summary["outputs"]["uri"] == f"s3://gpujobs-local-checkpoints/outputs/demo/{summary['job_id']}/"
     assert summary["outputs"]["keys"] == ["model.safetensors"]  # the finishing attempt's run.export(model)
 
 

@@ -19,8 +19,10 @@ import pytest
 
 import gpujobs_trainer
 from gpujobs import contract
+from gpujobs.domain.spec import TEAM_PATTERN
 from gpujobs.domain.trainer_settings import LogLevel, TrainerSettings
 from gpujobs.instance import contract as instance_contract
+from gpujobs.instance import rundoc as instance_rundoc
 from gpujobs.instance.workload_env import container_env
 from gpujobs_local.template import resources_of_type
 from gpujobs_trainer import events as trainer_events
@@ -63,6 +65,20 @@ def test_the_bootstrap_counts_instance_states_as_the_control_plane_does() -> Non
 @pytest.mark.parametrize(("job_id", "attempt"), [("j-0123456789abcdef", 1), ("j-ffffffffffffffff", 42)])
 def test_the_bootstrap_names_the_container_as_the_checkpoint_signal_addresses_it(job_id: str, attempt: int) -> None:
     assert instance_contract.container_name(job_id, attempt) == contract.container_name(job_id, attempt)
+
+
+@pytest.mark.parametrize("team", ["vision", None])
+def test_the_bootstrap_names_log_streams_as_the_cli_reads_them(team: str | None) -> None:
+    for attempt, node in ((1, 0), (12, 63)):
+        stream = contract.job_log_stream("j-0123456789abcdef", attempt, node, team=team)
+        assert instance_contract.job_log_stream("j-0123456789abcdef", attempt, node, team=team) == stream
+        assert ":" not in stream
+        assert "*" not in stream
+    assert instance_contract.BOOTSTRAP_LOG_STREAM_SUFFIX == contract.BOOTSTRAP_LOG_STREAM_SUFFIX
+
+
+def test_the_bootstrap_accepts_exactly_the_team_names_a_spec_may_have() -> None:
+    assert instance_rundoc.TEAM_NAME.pattern == TEAM_PATTERN
 
 
 def test_the_bootstrap_reads_checkpoints_in_the_trainers_layout() -> None:

@@ -80,6 +80,7 @@ def a_document(**changes: Any) -> RunDocument:
         "gpus_per_node": 0,
         "checkpoint_uri": "s3://bucket/jobs/j-0123456789abcdef/ckpt",
         "region": "us-east-1",
+        "team": "vision",
         "log_group": GROUP,
     }
     return RunDocument(**{**fields, **changes})
@@ -93,8 +94,11 @@ def test_the_workload_output_and_the_bootstrap_log_reach_the_nodes_streams(
     assert code == 3, output
     # stdout and stderr are two pipes, read by two threads (as docker reads them): each keeps its order,
     # not their order relative to each other
-    assert sorted(messages(logs, job_log_stream("j-0123456789abcdef", 2, 0))) == ["boom", "epoch 1 loss 0.9"]
-    bootstrap_lines = messages(logs, bootstrap_log_stream("j-0123456789abcdef", 2, 0))
+    assert sorted(messages(logs, job_log_stream("j-0123456789abcdef", 2, 0, team="vision"))) == [
+        "boom",
+        "epoch 1 loss 0.9",
+    ]
+    bootstrap_lines = messages(logs, bootstrap_log_stream("j-0123456789abcdef", 2, 0, team="vision"))
     assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in bootstrap_lines[0]
     assert "gpujobs-bootstrap: job j-0123456789abcdef attempt 2 on " + INSTANCE_ID in bootstrap_lines[1]
     assert any(line.endswith("gpujobs-bootstrap: exited: workload exited with 3: boom") for line in bootstrap_lines)
@@ -108,7 +112,7 @@ def test_a_bootstrap_that_fails_before_its_rendezvous_still_leaves_its_log(
     code, output = run_bootstrap(tmp_path, moto_endpoint, a_document(nodes=2), "--rendezvous-timeout", "0")
 
     assert code == EXIT_BOOTSTRAP_FAILED, output
-    lines = messages(logs, bootstrap_log_stream("j-0123456789abcdef", 2, 0))  # node: its launch index
+    lines = messages(logs, bootstrap_log_stream("j-0123456789abcdef", 2, 0, team="vision"))  # node: its launch index
     assert any("bootstrap-failed: BootstrapError: rendezvous: 0 of 2 instances" in line for line in lines)
 
 

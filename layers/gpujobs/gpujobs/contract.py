@@ -142,14 +142,18 @@ def job_log_group(stack: str) -> str:
     return f"/gpujobs/{stack}{JOB_LOG_GROUP_SUFFIX}"
 
 
-def job_log_stream(job_id: str, attempt: int, node: int) -> str:
-    """`<job>/<attempt>/<node>`: one node's workload output (the container's stdout and stderr)."""
-    return f"{job_id}/{attempt}/{node}"
+def job_log_stream(job_id: str, attempt: int, node: int, *, team: str | None) -> str:
+    """`<team>/<job>/<attempt>/<node>`: one node's workload output (the container's stdout and stderr).
+
+    The team comes first so that IAM can give a team's users its streams and no other's
+    (`log-stream:<team>/*`, docs/security.md). `team=None` names a stream of an attempt launched by
+    a release before teams were in the names, `<job>/<attempt>/<node>`: those are only read."""
+    return f"{job_id}/{attempt}/{node}" if team is None else f"{team}/{job_id}/{attempt}/{node}"
 
 
-def bootstrap_log_stream(job_id: str, attempt: int, node: int) -> str:
-    """`<job>/<attempt>/<node>/bootstrap`: that node's bootstrap log (pull, rendezvous, exit)."""
-    return job_log_stream(job_id, attempt, node) + BOOTSTRAP_LOG_STREAM_SUFFIX
+def bootstrap_log_stream(job_id: str, attempt: int, node: int, *, team: str | None) -> str:
+    """`<team>/<job>/<attempt>/<node>/bootstrap`: that node's bootstrap log (pull, rendezvous, exit)."""
+    return job_log_stream(job_id, attempt, node, team=team) + BOOTSTRAP_LOG_STREAM_SUFFIX
 
 
 # ---- the job's outputs (artifacts) -------------------------------------------------------------
@@ -167,9 +171,13 @@ OUTPUTS_PREFIX = "outputs/"
 """Where outputs go in the stack's bucket: outside `jobs/`, so the checkpoints' expiry rule never reaches them."""
 
 
-def outputs_prefix(job_id: str) -> str:
-    """`outputs/<job-id>/`: node 0's files at its root, node K's (K > 0) under `node-K/` (docs/cli.md)."""
-    return f"{OUTPUTS_PREFIX}{job_id}/"
+def outputs_prefix(job_id: str, *, team: str | None) -> str:
+    """`outputs/<team>/<job-id>/`: node 0's files at its root, node K's (K > 0) under `node-K/` (docs/cli.md).
+
+    The team comes first so that IAM can give a team's users its outputs and no other's
+    (`outputs/<team>/*`, docs/security.md). `team=None` names the outputs of a job whose attempts
+    a release before teams were in the names launched, `outputs/<job-id>/`: those are only read."""
+    return f"{OUTPUTS_PREFIX}{job_id}/" if team is None else f"{OUTPUTS_PREFIX}{team}/{job_id}/"
 
 
 # ---- events ----------------------------------------------------------------------------------

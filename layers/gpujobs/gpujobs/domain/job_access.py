@@ -36,9 +36,9 @@ def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}/"
 
 
-def outputs_uri(*, bucket: str, job_id: str) -> str:
-    """`s3://<bucket>/outputs/<job-id>/`: where the job's output folder is uploaded (the run document's)."""
-    return f"s3://{bucket}/{outputs_prefix(job_id)}"
+def outputs_uri(*, bucket: str, job_id: str, team: str) -> str:
+    """`s3://<bucket>/outputs/<team>/<job-id>/`: where the job's output folder is uploaded (the run document's)."""
+    return f"s3://{bucket}/{outputs_prefix(job_id, team=team)}"
 
 
 def session_policy(
@@ -57,7 +57,7 @@ def session_policy(
             "Sid": "WriteOwnJobOutputs",
             "Effect": "Allow",
             "Action": list(OUTPUT_OBJECT_ACTIONS),
-            "Resource": f"arn:{partition}:s3:::{bucket}/{outputs_prefix(job_id)}*",
+            "Resource": f"arn:{partition}:s3:::{bucket}/{outputs_prefix(job_id, team=team)}*",
         },
         {
             "Sid": "ListOwnJobPrefix",

@@ -63,11 +63,14 @@ class RunDocument(BaseModel):
     """Session tags (job id, team, attempt): the role's own policy is written against them."""
     secrets: dict[str, str] = Field(default_factory=dict)
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
+    team: str = ""
+    """The job's team: the first part of its log stream names (`contract.job_log_stream`), so IAM can
+    scope a team's users to them. "" only in a document of a release before teams were in the names."""
     log_group: str = ""
     """The stack's job log group: each node's output and bootstrap log go there (`contract.job_log_stream`);
     "" keeps them on the instance."""
     outputs_uri: str = ""
-    """s3://bucket/outputs/<job_id>/: where the bootstrap uploads the workload's output folder
+    """s3://bucket/outputs/<team>/<job_id>/: where the bootstrap uploads the workload's output folder
     (`gpujobs.instance.outputs`); "" gives the workload no output folder."""
     checkpoint_mode: str = "gpujobs"
     """The spec's `checkpoint` (gpujobs, directory or none): the launcher syncs, restores or neither."""
@@ -163,8 +166,9 @@ def run_document(
         report_key=report_key,
         checkpoint_key=checkpoint_key,
         secrets=dict(spec.secrets),
+        team=job.team,
         log_group=log_group,
-        outputs_uri=outputs_uri(bucket=bucket, job_id=job.job_id),
+        outputs_uri=outputs_uri(bucket=bucket, job_id=job.job_id, team=job.team),
         checkpoint_mode=spec.checkpoint.value,
         code_uri=spec.code or "",
         code_sha256=spec.code_sha256 or "",

@@ -275,7 +275,7 @@ def _runtime(
         else DockerRuntime()
     )
     if doc["log_group"]:
-        stream = job_log_stream(doc["job_id"], doc["attempt"], rank)
+        stream = job_log_stream(doc["job_id"], doc["attempt"], rank, team=doc["team"] or None)
         log_to.open(doc["log_group"], stream + BOOTSTRAP_LOG_STREAM_SUFFIX)
         runtime.send_output_to(group=doc["log_group"], stream=stream, region=region, clients=clients)
         log(f"the workload's output goes to CloudWatch Logs {doc['log_group']} {stream}")
@@ -289,7 +289,8 @@ def _close_bootstrap_log(bootstrap_log: LogShipper, state: dict[str, Any]) -> No
     if not bootstrap_log.stream and doc and doc["log_group"] and state.get("region"):
         node = state.get("rank", state.get("launch_index", 0))
         bootstrap_log.open(
-            doc["log_group"], job_log_stream(doc["job_id"], doc["attempt"], node) + BOOTSTRAP_LOG_STREAM_SUFFIX
+            doc["log_group"],
+            job_log_stream(doc["job_id"], doc["attempt"], node, team=doc["team"] or None) + BOOTSTRAP_LOG_STREAM_SUFFIX,
         )
     bootstrap_log.close()
 

@@ -67,6 +67,7 @@ BOOTSTRAP_LOG_STREAM_SUFFIX = "/bootstrap"
 """A node's bootstrap log stream is its workload stream's name plus this suffix."""
 
 
-def job_log_stream(job_id: str, attempt: int, node: int) -> str:
-    """`<job>/<attempt>/<node>`: one node's workload output in the job log group."""
-    return f"{job_id}/{attempt}/{node}"
+def job_log_stream(job_id: str, attempt: int, node: int, *, team: str | None) -> str:
+    """`<team>/<job>/<attempt>/<node>`: one node's workload output in the job log group; without a
+    team (a run document of a release before teams were in the names) `<job>/<attempt>/<node>`."""
+    return f"{job_id}/{attempt}/{node}" if team is None else f"{team}/{job_id}/{attempt}/{node}"

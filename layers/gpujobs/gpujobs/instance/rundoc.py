@@ -19,6 +19,8 @@ from typing import Any
 from gpujobs.instance.errors import BootstrapError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TEAM_NAME = re.compile(r"^[a-z0-9-]{1,63}$")
+"""`gpujobs.domain.spec.TEAM_PATTERN` (a test keeps them equal): safe in a log stream name and an S3 key."""
 _REQUIRED = object()
 FIELDS: dict[str, tuple[type, Any]] = {
     "version": (int, 1),
@@ -44,6 +46,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "session_policy": (str, ""),
     "session_tags": (dict, {}),
     "secrets": (dict, {}),
+    "team": (str, ""),
     "log_group": (str, ""),
     "outputs_uri": (str, ""),
     "checkpoint_mode": (str, "gpujobs"),
@@ -120,6 +123,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
     if not all(isinstance(t, str) for t in doc["efa_instance_types"] + doc["instance_store_types"]):
         raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
+    if doc["team"] and not TEAM_NAME.match(doc["team"]):
+        raise BootstrapError(f"team {doc['team']!r} is not a team name")
     if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
         raise BootstrapError(f"wait_for_attempt {doc['wait_for_attempt']} is not an earlier attempt")
     return doc
