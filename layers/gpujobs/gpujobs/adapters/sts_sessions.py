@@ -1,66 +1,77 @@
 """STS for the credentials function: who signed a proof, and the job role's sessions.
 
-`StsCallerIdentity` sends the instance's signed `GetCallerIdentity` (its headers and body, as signed)
-to this function's own STS endpoint, the one its boto3 client resolves (regional; the local cloud's
-moto server when `AWS_ENDPOINT_URL` names one), never to a URL the caller chose. STS checks the
-signature; a 4xx answer means the proof is not good (IdentityRejectedError), anything else is
-transient. The answer is STS's own XML (over HTTPS from AWS), read for its `Arn`.
+`StsCallerIdentity` sends the instance's signed `GetCallerIdentity` (its headers and body, exactly as
+signed) to this function's own STS endpoint, the one an unsigned boto3 client of the function
+resolves (regional; the local cloud's moto server when `AWS_ENDPOINT_URL` names one), never to a URL
+the caller chose. It goes through botocore, so retries, timeouts and a mock (moto) apply as to any
+call: the client signs nothing itself, and a `request-created` hook puts the instance's headers and
+body on the request. STS checks the signature; its 4xx answers mean the proof is not good
+(IdentityRejectedError), anything else is transient and propagates.
 """
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-from xml.etree import ElementTree
+
+from botocore.exceptions import ClientError
 
 from gpujobs.service.job_sessions import IdentityRejectedError
 
 if TYPE_CHECKING:
     from types_boto3_sts import STSClient
 
-_NOT_FORWARDED = {"content-length", "connection", "transfer-encoding", "expect"}
-"""Hop-by-hop or computed headers: urllib sets them from the body itself."""
+_TRANSIENT_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "ServiceUnavailable",
+    "InternalFailure",
+}
 
 
 class StsCallerIdentity:
-    def __init__(self, *, endpoint_url: str, timeout: float = 5.0) -> None:
-        self._url = endpoint_url.rstrip("/") + "/"
-        self._timeout = timeout
+    """`service.job_sessions.CallerIdentities` on an unsigned STS client (`Config(signature_version=UNSIGNED)`)."""
+
+    def __init__(self, *, client: STSClient) -> None:
+        self._sts = client
+        self._forwarding: dict[str, Any] = {}
+
+    @functools.cached_property
+    def _hooked(self) -> STSClient:
+        self._sts.meta.events.register("request-created.sts.GetCallerIdentity", self._put_proof_on)
+        return self._sts
 
     @property
     def host(self) -> str:
-        return urlsplit(self._url).netloc
+        return urlsplit(self._sts.meta.endpoint_url).netloc
+
+    def _put_proof_on(self, request: Any, **_: Any) -> None:
+        proof = self._forwarding
+        request.headers.clear()
+        for name, value in proof["headers"].items():
+            request.headers[name] = value
+        request.data = proof["body"].encode()
 
     def caller_arn(self, *, headers: Mapping[str, str], body: str) -> str:
-        sent = {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED}
-        request = urllib.request.Request(self._url, data=body.encode(), headers=sent, method="POST")  # noqa: S310 (our own https endpoint)
+        sts = self._hooked
+        self._forwarding = {"headers": dict(headers), "body": body}
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as answer:  # noqa: S310 (as above)
-                text = answer.read()
-        except urllib.error.HTTPError as exc:
-            if 400 <= exc.code < 500 and exc.code != 429:
-                raise IdentityRejectedError(f"HTTP {exc.code} {_error_code(exc.read())}") from exc
-            raise
-        arn = _element(text, "Arn")
+            answer = sts.get_caller_identity()
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if error.get("Code") in _TRANSIENT_CODES or not 400 <= status < 500:
+                raise
+            raise IdentityRejectedError(f"{error.get('Code', 'refused')}: {error.get('Message', '')}") from exc
+        finally:
+            self._forwarding = {}
+        arn = answer.get("Arn", "")
         if not arn:
             raise IdentityRejectedError("STS answered without an Arn")
         return arn
-
-
-def _element(text: bytes, name: str) -> str:
-    try:
-        root = ElementTree.fromstring(text)  # noqa: S314 (STS's own answer, not the caller's input)
-    except ElementTree.ParseError:
-        return ""
-    found = next((e.text for e in root.iter() if e.tag.rsplit("}", 1)[-1] == name), None)
-    return (found or "").strip()
-
-
-def _error_code(text: bytes) -> str:
-    return _element(text, "Code") or "(no error code)"
 
 
 class StsJobRoleSessions:

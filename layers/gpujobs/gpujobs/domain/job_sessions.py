@@ -30,7 +30,9 @@ from gpujobs.domain.job import Job
 IDENTITY_BODY = {"Action": "GetCallerIdentity", "Version": "2011-06-15"}
 """The one STS request a proof may be: anything else would make the function the caller's proxy."""
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
-_ASSUMED_ROLE = re.compile(r"arn:(?P<partition>[\w-]+):sts::(?P<account>\d{12}):assumed-role/(?P<role>[\w+=,.@-]+)/(?P<session>[\w+=,.@-]+)")
+_ASSUMED_ROLE = re.compile(
+    r"arn:(?P<partition>[\w-]+):sts::(?P<account>\d{12}):assumed-role/(?P<role>[\w+=,.@-]+)/(?P<session>[\w+=,.@-]+)"
+)
 _SIGNED_HEADERS = re.compile(r"SignedHeaders=([^,\s]+)")
 
 

@@ -67,7 +67,7 @@ def instance_identity_signer(region: str) -> Signer:
     return sign
 
 
-class _Retry(Exception):
+class _AskAgainError(Exception):
     pass
 
 
@@ -103,7 +103,7 @@ class JobCredentials:
         for delay in (*RETRY_DELAYS, None):
             try:
                 return self._ask()
-            except _Retry as retry:
+            except _AskAgainError as retry:
                 last = str(retry)
             if delay is None:
                 break
@@ -123,16 +123,16 @@ class JobCredentials:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
             if code in _FINAL_INVOKE_ERRORS:
                 raise BootstrapError(f"cannot ask {self._function} for the job's session: {exc}") from exc
-            raise _Retry(f"{self._function} unreachable: {exc}") from exc
+            raise _AskAgainError(f"{self._function} unreachable: {exc}") from exc
         if answer.get("FunctionError") or not isinstance(body, dict):
-            raise _Retry(f"{self._function} failed ({answer.get('FunctionError') or 'no answer'})")
+            raise _AskAgainError(f"{self._function} failed ({answer.get('FunctionError') or 'no answer'})")
         if "credentials" in body:
             creds = dict(body["credentials"])
             creds["Expiration"] = dt.datetime.fromisoformat(creds["Expiration"])
             return creds
         reason = f"{body.get('refused', 'refused')}: {body.get('detail', '')}"
         if body.get("retryable"):
-            raise _Retry(reason)
+            raise _AskAgainError(reason)
         raise BootstrapError(f"the credentials function refused the job's session: {reason}")
 
     def served(self) -> dict[str, str]:

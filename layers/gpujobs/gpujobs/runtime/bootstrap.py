@@ -49,9 +49,9 @@ if TYPE_CHECKING:
     from gpujobs.adapters.quotas import ServiceQuotasClient
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.service.budgeting import BudgetReactions
+    from gpujobs.service.job_sessions import JobSessions
     from gpujobs.service.reactions import Reactions
     from gpujobs.service.reconcile import Reconciler
-    from gpujobs.service.job_sessions import JobSessions
     from gpujobs.service.reports import Reports
 
     AwsService = Literal["budgets", "cloudwatch", "dynamodb", "ec2", "events", "s3", "ssm", "sts"]
@@ -308,6 +308,15 @@ def budget_reactions() -> BudgetReactions:
     return BudgetReactions(ports=ports(), reactions=reactions(), stack_name=settings().stack_name)
 
 
+def unsigned_sts_client(settings: Settings) -> STSClient:
+    """An STS client that signs nothing: it carries the instance's own signed proof (`adapters.sts_sessions`)."""
+    from botocore import UNSIGNED
+
+    unsigned = _CONFIG.merge(Config(signature_version=UNSIGNED))
+    client: STSClient = boto3.client("sts", region_name=settings.region, config=unsigned)
+    return client
+
+
 @functools.cache
 def job_sessions() -> JobSessions:
     """The credentials function's use case: its own STS endpoint verifies proofs, the job store reads
@@ -323,7 +332,7 @@ def job_sessions() -> JobSessions:
     directory = functools.cache(lambda: TeamDirectory.open() if teams is None else teams.load())
     return JobSessions(
         store=DynamoJobStore(table_name=config.table_name, client=lazy_client("dynamodb", config)),
-        identities=StsCallerIdentity(endpoint_url=sts.meta.endpoint_url),
+        identities=StsCallerIdentity(client=unsigned_sts_client(config)),
         sessions=StsJobRoleSessions(client=sts, role_arn=config.job_role_arn),
         team_directory=directory,
         stack_name=config.stack_name,
