@@ -50,7 +50,8 @@ class StsCallerIdentity:
 
     def _put_proof_on(self, request: Any, **_: Any) -> None:
         proof = self._forwarding
-        request.headers.clear()
+        for name in list(request.headers.keys()):
+            del request.headers[name]
         for name, value in proof["headers"].items():
             request.headers[name] = value
         request.data = proof["body"].encode()

@@ -41,19 +41,27 @@ Signer = Callable[[str], "dict[str, Any]"]
 """purpose -> the signed identity proof `{"headers": {...}, "body": "..."}`."""
 
 
-def instance_identity_signer(region: str) -> Signer:
-    """Signs the proof with this instance's own credentials (the instance role, from IMDS), for the
-    STS endpoint its boto3 resolves in `region` (the credentials function's is the same)."""
+def instance_identity_signer(region: str, credentials: dict[str, Any] | None = None) -> Signer:
+    """Signs the proof with this instance's own credentials (the instance role, from IMDS; or
+    `credentials`, an STS `Credentials`), for the STS endpoint its boto3 resolves in `region` (the
+    credentials function's is the same)."""
 
     def sign(purpose: str) -> dict[str, Any]:
         import boto3
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        session = boto3.Session(region_name=region)
+        keys = {}
+        if credentials is not None:
+            keys = {
+                "aws_access_key_id": credentials["AccessKeyId"],
+                "aws_secret_access_key": credentials["SecretAccessKey"],
+                "aws_session_token": credentials["SessionToken"],
+            }
+        session = boto3.Session(region_name=region, **keys)
         url = session.client("sts").meta.endpoint_url.rstrip("/") + "/"
-        credentials = session.get_credentials()
-        if credentials is None:
+        own = session.get_credentials()
+        if own is None:
             raise BootstrapError("this instance has no credentials to prove who it is")
         headers = {
             "Host": url.split("://", 1)[-1].split("/", 1)[0],
@@ -61,7 +69,7 @@ def instance_identity_signer(region: str) -> Signer:
             JOB_SESSION_HEADER: purpose,
         }
         request = AWSRequest(method="POST", url=url, data=IDENTITY_BODY, headers=headers)
-        SigV4Auth(credentials.get_frozen_credentials(), "sts", region).add_auth(request)
+        SigV4Auth(own.get_frozen_credentials(), "sts", region).add_auth(request)
         return {"headers": dict(request.headers.items()), "body": IDENTITY_BODY}
 
     return sign
