@@ -119,7 +119,8 @@ def test_an_instance_of_job_a_asking_for_job_b_is_refused(stack: MotoStack) -> N
     answer = _ask(job_b.job_id, 1, _proof(creds, job_id=job_b.job_id, attempt=1))
 
     assert answer["refused"] == "not-in-attempt"
-    assert instance_a in answer["detail"] and not answer["retryable"]
+    assert instance_a in answer["detail"]
+    assert not answer["retryable"]
     assert "credentials" not in answer
 
 
