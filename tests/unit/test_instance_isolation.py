@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import io
 import json
 import os
 import stat
@@ -72,6 +73,8 @@ def moto(endpoint: str, service: str) -> Any:
 def job_access(job_id: str = "job-7", team: str = "vision", attempt: int = 3) -> dict[str, Any]:
     return {
         "job_role_arn": JOB_ROLE,
+        "credentials_function": "gpujobs-CredentialsFunction",
+        "stack": "gpujobs",
         "session_policy": session_policy_json(bucket="bucket", job_id=job_id, team=team),
         "session_tags": session_tags(job_id=job_id, team=team, attempt=attempt),
     }
@@ -213,33 +216,35 @@ def test_the_pointer_carries_the_digest_of_exactly_the_stored_bytes() -> None:
 
 # ---- the host agent --------------------------------------------------------------------------
 class FakeSts:
+    """The credentials function as the bootstrap's Lambda client sees it: every invoke vends a session."""
+
     def __init__(self, lifetime: dt.timedelta = dt.timedelta(hours=1)) -> None:
         self.calls: list[dict[str, Any]] = []
         self.lifetime = lifetime
 
-    def assume_role(self, **request: Any) -> dict[str, Any]:
+    def invoke(self, **request: Any) -> dict[str, Any]:
         self.calls.append(request)
         n = len(self.calls)
         expiration = dt.datetime.now(dt.UTC) + self.lifetime
-        return {
-            "Credentials": {
-                "AccessKeyId": f"ASIAJOB{n}",
-                "SecretAccessKey": "s",
-                "SessionToken": "t",
-                "Expiration": expiration,
-            }
-        }
+        creds = {"AccessKeyId": f"ASIAJOB{n}", "SecretAccessKey": "s", "SessionToken": "t"}
+        body = json.dumps({"credentials": {**creds, "Expiration": expiration.isoformat()}}).encode()
+        return {"StatusCode": 200, "Payload": io.BytesIO(body)}
+
+
+def _unsigned(purpose: str) -> dict[str, Any]:
+    return {"headers": {"X-Gpujobs-Job-Session": purpose}, "body": ""}
 
 
 def a_doc(**changes: Any) -> dict[str, Any]:
-    return {"job_id": "job-7", "attempt": 3, **job_access(), **changes}
+    access = {"credentials_function": "gpujobs-CredentialsFunction", "stack": "gpujobs"}
+    return {"job_id": "job-7", "attempt": 3, **job_access(), **access, **changes}
 
 
 @pytest.fixture
 def agent() -> Iterator[tuple[HostAgent, Any, FakeSts]]:
     sts = FakeSts()
     with FakeImds(user_data=b"{}") as imds:
-        host = HostAgent(JobCredentials(sts, a_doc()), Imds(imds.endpoint)).start()
+        host = HostAgent(JobCredentials(sts, a_doc(), sign=_unsigned), Imds(imds.endpoint)).start()
         yield host, imds, sts
         host.close()
 
@@ -284,7 +289,7 @@ def test_the_filtered_imds_relays_the_spot_notice_and_nothing_of_the_instance_ro
 
 def test_credentials_are_renewed_before_the_containers_sdk_would_refetch_them() -> None:
     sts = FakeSts(lifetime=dt.timedelta(minutes=19))
-    job = JobCredentials(sts, a_doc())
+    job = JobCredentials(sts, a_doc(), sign=_unsigned)
 
     job.served()
     job.served()
