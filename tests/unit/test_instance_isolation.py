@@ -258,12 +258,15 @@ def test_botocore_gets_the_job_credentials_from_the_host_agent_only_with_its_tok
     creds = ContainerProvider(environ={**public, **private}).load()
     assert creds is not None
     assert creds.get_frozen_credentials().access_key == "ASIAJOB1"
-    (request,) = sts.calls  # asked of the credentials function, for this attempt only (its tags and policy are the record's)
+    (request,) = (
+        sts.calls
+    )  # asked of the credentials function, for this attempt only (its tags and policy are the record's)
     assert request["FunctionName"] == "gpujobs-CredentialsFunction"
     asked = json.loads(request["Payload"])
     assert (asked["job_id"], asked["attempt"]) == ("job-7", 3)
     assert asked["headers"]["X-Gpujobs-Job-Session"] == "gpujobs/job-7/3"
-    assert "Policy" not in asked and "Tags" not in asked
+    assert "Policy" not in asked
+    assert "Tags" not in asked
     # Another process on the host shares the loopback, but not the token
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(public["AWS_CONTAINER_CREDENTIALS_FULL_URI"], timeout=5)
