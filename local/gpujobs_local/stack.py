@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 import boto3
-from botocore.awsrequest import AWSResponse
+from botocore.awsrequest import AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES, job_log_group
@@ -226,7 +226,7 @@ class MotoStack:
         body = request.body.read() if hasattr(request.body, "read") else request.body
         context = LambdaContext(function_name=f"{self.stack_name}-CredentialsFunction")
         result = load_function(folder).handler(json.loads(body or b"null"), context)
-        return AWSResponse(request.url, 200, {}, _Raw(json.dumps(result).encode()))
+        return AWSResponse(request.url, 200, HTTPHeaders(), _Raw(json.dumps(result).encode()))
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
