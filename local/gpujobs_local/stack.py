@@ -216,17 +216,28 @@ class MotoStack:
         iam.put_role_policy(RoleName=name, PolicyName="gpujobs-job", PolicyDocument=policy)
         return arn
 
-    def _invoke_directly(self, request: Any, **_: Any) -> AWSResponse | None:
-        """Lambda's synchronous Invoke of a function without event sources, answered by its handler
-        (at `before-send`: the call is made, recorded and signed as any other)."""
-        name = urllib.parse.unquote(urllib.parse.urlsplit(request.url).path.split("/functions/", 1)[-1].split("/")[0])
-        folder = {f"{self.stack_name}-CredentialsFunction": "credentials"}.get(name.rsplit(":", 1)[-1])
+    def invoke(self, name: str, payload: bytes) -> bytes | None:
+        """Lambda's synchronous Invoke of a function without event sources (`name`: its name or ARN),
+        answered by its real handler: the result as JSON, or None for a function not served here.
+        The in-process hook (`_invoke_directly`) and the local Lambda endpoint (`lambda_endpoint`) both
+        route through it."""
+        function = name.split(":function:", 1)[-1].split(":", 1)[0]
+        folder = {f"{self.stack_name}-CredentialsFunction": "credentials"}.get(function)
         if folder is None:
             return None
+        arn = f"arn:aws:lambda:{REGION}:123456789012:function:{function}"
+        context = LambdaContext(function_name=function, invoked_function_arn=arn)
+        result = load_function(folder).handler(json.loads(payload or b"null"), context)
+        return json.dumps(result).encode()
+
+    def _invoke_directly(self, request: Any, **_: Any) -> AWSResponse | None:
+        """`invoke` at `before-send`: the call is made, recorded and signed as any other."""
+        name = urllib.parse.unquote(urllib.parse.urlsplit(request.url).path.split("/functions/", 1)[-1].split("/")[0])
         body = request.body.read() if hasattr(request.body, "read") else request.body
-        context = LambdaContext(function_name=f"{self.stack_name}-CredentialsFunction")
-        result = load_function(folder).handler(json.loads(body or b"null"), context)
-        return AWSResponse(request.url, 200, HTTPHeaders(), _Raw(json.dumps(result).encode()))
+        result = self.invoke(name, body or b"")
+        if result is None:
+            return None
+        return AWSResponse(request.url, 200, HTTPHeaders(), _Raw(result))
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
