@@ -36,6 +36,7 @@ from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.userdata import render_user_data
 from tests.conftest import BootstrapPython
+from tests.granting_credentials_function import granting_credentials_function
 from tests.unit.fake_imds import FakeImds
 from tests.unit.test_bootstrap import (  # the bootstrap's own fixtures: a moto server and an event bus
     BOOTSTRAP,
@@ -81,6 +82,13 @@ def job_access(job_id: str = "job-7", team: str = "vision", attempt: int = 3) ->
 
 
 # ---- per-job credentials and secrets, end to end ----------------------------------------------
+@pytest.fixture
+def credentials_function(moto_endpoint: str) -> Iterator[str]:
+    """The Lambda endpoint (`AWS_ENDPOINT_URL_LAMBDA`) of a credentials function granting the job role."""
+    with granting_credentials_function(moto_endpoint, role_arn=JOB_ROLE) as (endpoint, _function):
+        yield endpoint
+
+
 @pytest.fixture(scope="module")
 def secret_refs(moto_endpoint: str) -> dict[str, str]:
     arn = moto(moto_endpoint, "secretsmanager").create_secret(Name="gpujobs/vision/hf", SecretString=HF_TOKEN)["ARN"]
@@ -90,13 +98,26 @@ def secret_refs(moto_endpoint: str) -> dict[str, str]:
 
 @pytest.fixture
 def ran_with_secrets(
-    tmp_path: Path, bus: Bus, moto_endpoint: str, secret_refs: dict[str, str], bootstrap_python: BootstrapPython
+    *,
+    tmp_path: Path,
+    bus: Bus,
+    moto_endpoint: str,
+    secret_refs: dict[str, str],
+    bootstrap_python: BootstrapPython,
+    credentials_function: str,
 ) -> tuple[dict[str, Any], str, bytes]:
     """The bootstrap under each interpreter (this one, then the AMIs' 3.9 and 3.10) serving the job role."""
     doc = a_document(tmp_path, bus, command=[sys.executable, "-c", WORKLOAD], secrets=secret_refs, **job_access())
     user_data = render_user_data(doc, bucket=BUCKET, region=REGION)
     with FakeImds(user_data=user_data, instance_id=INSTANCE_ID) as imds:
-        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
+        code, output = run_bootstrap(
+            tmp_path,
+            imds,
+            moto_endpoint,
+            "--no-shutdown",
+            python=bootstrap_python.path,
+            lambda_endpoint=credentials_function,
+        )
     assert code == 0, output
     assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in output
     return json.loads((tmp_path / "out.json").read_text()), output, user_data
@@ -139,11 +160,13 @@ def test_secrets_reach_the_workload_and_nowhere_else(
 
 
 def test_a_secret_the_job_cannot_read_fails_the_bootstrap_naming_it_without_a_value(
-    tmp_path: Path, bus: Bus, moto_endpoint: str
+    tmp_path: Path, bus: Bus, moto_endpoint: str, credentials_function: str
 ) -> None:
     doc = a_document(tmp_path, bus, secrets={"MISSING": "ssm:/gpujobs/vision/nope"}, **job_access())
     with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
-        code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        code, _output = run_bootstrap(
+            tmp_path, imds, moto_endpoint, "--no-shutdown", lambda_endpoint=credentials_function
+        )
 
     (exited,) = bus.exits()
     assert code == exited["exit_code"] == EXIT_BOOTSTRAP_FAILED
@@ -452,7 +475,7 @@ def test_without_the_imds_rule_the_container_is_not_started(
 
 
 def test_a_bootstrap_that_cannot_block_imds_reports_it_and_never_pulls_or_runs(
-    tmp_path: Path, bus: Bus, moto_endpoint: str
+    tmp_path: Path, bus: Bus, moto_endpoint: str, credentials_function: str
 ) -> None:
     # Given an instance whose docker runs containers under cgroup v1 (no cgroup match for the rule)
     fake_bin = tmp_path / "bin"
@@ -463,6 +486,7 @@ def test_a_bootstrap_that_cannot_block_imds_reports_it_and_never_pulls_or_runs(
     env = {
         "PATH": str(fake_bin),
         "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ENDPOINT_URL_LAMBDA": credentials_function,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
