@@ -3,11 +3,12 @@
 A session token from ``PUT /latest/api/token`` (with a TTL header) is required for every GET. It serves
 ``/latest/user-data``, any ``/latest/meta-data/<path>`` given in ``metadata``, and the two spot signals:
 ``spot/instance-action`` and ``events/recommendations/rebalance`` (JSON, 404 until set), as on EC2
-(docs: aws-contracts §1.9).
+(docs: aws-contracts §1.9). ``instance_role_metadata`` gives it an instance profile's credentials.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from collections.abc import Mapping
@@ -17,6 +18,25 @@ from typing import Any
 
 SPOT_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+
+
+def instance_role_metadata(role_name: str, credentials: Mapping[str, Any]) -> dict[str, str]:
+    """``metadata`` serving an instance profile's session (STS ``Credentials``) as EC2's IMDS does:
+    ``iam/security-credentials/`` names the role, ``iam/security-credentials/<role>`` is its keys."""
+    expiration = credentials["Expiration"]
+    if isinstance(expiration, dt.datetime):
+        expiration = expiration.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    served = {
+        "Code": "Success",
+        "LastUpdated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "Type": "AWS-HMAC",
+        "AccessKeyId": credentials["AccessKeyId"],
+        "SecretAccessKey": credentials["SecretAccessKey"],
+        "Token": credentials["SessionToken"],
+        "Expiration": str(expiration),
+    }
+    prefix = "iam/security-credentials/"
+    return {prefix: role_name, prefix + role_name: json.dumps(served)}
 
 
 class FakeImds:
