@@ -15,9 +15,10 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from gpujobs_local.serving import LocalServer
 
 Invoke = Callable[[str, bytes], "bytes | None"]
 """(function name or ARN, payload) -> the handler's JSON result, or None for a function not served."""
@@ -32,17 +33,13 @@ def function_name(path: str) -> str | None:
     return urllib.parse.unquote(path[len(PREFIX) : -len("/invocations")])
 
 
-class LambdaEndpoint:
+class LambdaEndpoint(LocalServer):
     """Lambda Invoke on 127.0.0.1 (ephemeral port), answered by `invoke`."""
 
     def __init__(self, invoke: Invoke, *, host: str = "127.0.0.1") -> None:
         self.invoke = invoke
         self.invocations: list[str] = []
-        self.server = ThreadingHTTPServer((host, 0), self._handler())
-        self.server.daemon_threads = True
-        self.endpoint = f"http://{host}:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="local-lambda", daemon=True)
-        self._started = self._closed = False
+        super().__init__(self._handler(), host=host, name="local-lambda")
         self._lock = threading.Lock()  # one invocation at a time, as on the loop thread
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -86,26 +83,3 @@ class LambdaEndpoint:
                     self._reply(200, result, {"X-Amz-Executed-Version": "$LATEST"})
 
         return Handler
-
-    def start(self) -> LambdaEndpoint:
-        if not self._started:
-            self._started = True
-            self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop serving; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._started:
-            self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> LambdaEndpoint:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpujobs.instance.aws import Clients, client
+from gpujobs.instance.aws import Clients, client, session_keys
 from gpujobs.instance.contract import JOB_SESSION_HEADER, job_session_purpose
 from gpujobs.instance.errors import BootstrapError
 from gpujobs.instance.log import log
@@ -51,14 +51,7 @@ def instance_identity_signer(region: str, credentials: dict[str, Any] | None = N
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        keys = {}
-        if credentials is not None:
-            keys = {
-                "aws_access_key_id": credentials["AccessKeyId"],
-                "aws_secret_access_key": credentials["SecretAccessKey"],
-                "aws_session_token": credentials["SessionToken"],
-            }
-        session = boto3.Session(region_name=region, **keys)
+        session = boto3.Session(region_name=region, **session_keys(credentials))  # type: ignore[arg-type]  # the three key arguments, all str
         url = session.client("sts").meta.endpoint_url.rstrip("/") + "/"
         own = session.get_credentials()
         if own is None:
