@@ -670,7 +670,8 @@ def test_the_credentials_function_only_reads_job_records_and_publishes_nothing()
 
     assert not any("DynamoDBCrudPolicy" in str(p) for p in properties("CredentialsFunction")["Policies"])
     assert not _allowing(statements, "events:PutEvents")
-    assert not _allowing(statements, "dynamodb:PutItem") and not _allowing(statements, "dynamodb:UpdateItem")
+    assert not _allowing(statements, "dynamodb:PutItem")
+    assert not _allowing(statements, "dynamodb:UpdateItem")
     assert [s["Action"] for s in reads] == ["dynamodb:GetItem"]
     assert "table/${JobsTable}" in _resources_text(reads[0])
 

@@ -67,8 +67,13 @@ class _GrantingCredentialsFunction:
     """Lambda's `Invoke` of the credentials function, granting every ask a job session."""
 
     def invoke(self, **request: Any) -> dict[str, Any]:
-        expiration = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
-        vended = {"AccessKeyId": JOB_KEY, "SecretAccessKey": "s", "SessionToken": "t", "Expiration": expiration.isoformat()}
+        expiration = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        vended = {
+            "AccessKeyId": JOB_KEY,
+            "SecretAccessKey": "s",
+            "SessionToken": "t",
+            "Expiration": expiration.isoformat(),
+        }
         return {"StatusCode": 200, "Payload": io.BytesIO(json.dumps({"credentials": vended}).encode())}
 
 
