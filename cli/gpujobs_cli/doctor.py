@@ -21,7 +21,7 @@ from gpujobs.domain.quotas import family as _family
 OK, WARN, FAIL, UNKNOWN = "ok", "warn", "fail", "unknown"
 REQUIRED_ENDPOINTS = (
     "s3",
-    "sts",
+    "lambda",
     "events",
     "ec2",
     "logs",

@@ -42,6 +42,7 @@ from gpujobs_local import router
 from gpujobs_local.event_sources import EventSources
 from gpujobs_local.faults import CapacityFault, CapacityFaults
 from gpujobs_local.invoker import EVENTS_DEAD_LETTER_QUEUE, Delivery, DeliveryLog, LambdaInvoker
+from gpujobs_local.lambda_endpoint import LambdaEndpoint
 from gpujobs_local.loop import LoopThread
 from gpujobs_local.moto_server import MotoServer
 from gpujobs_local.router import ACCOUNT
@@ -82,6 +83,7 @@ class LocalCloud:
         self._sources: EventSources | None = None
         self._clients: dict[str, Any] = {}
         self._senders: dict[str, str] = {}  # message id -> SenderId, for messages sent as another principal
+        self._lambda: LambdaEndpoint | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LocalCloud:
@@ -100,6 +102,14 @@ class LocalCloud:
     @property
     def endpoint_url(self) -> str:
         return self._server.endpoint_url
+
+    @property
+    def lambda_endpoint_url(self) -> str:
+        """Lambda Invoke of the functions invoked directly (the credentials function), for other
+        processes: `AWS_ENDPOINT_URL_LAMBDA` (`lambda_endpoint`)."""
+        self._require_running()
+        assert self._lambda is not None
+        return self._lambda.endpoint
 
     @property
     def deliveries(self) -> deque[Delivery]:
@@ -132,6 +142,9 @@ class LocalCloud:
                 self._sources = None
                 self._clients.clear()
                 self._senders.clear()
+                if self._lambda is not None:
+                    self._lambda.close()
+                    self._lambda = None
                 self.stack = None
                 boto3.DEFAULT_SESSION = None  # drops the hooks and clients registered on it
                 gc.collect()  # close pooled connections, so moto's keep-alive threads end
@@ -317,9 +330,11 @@ class LocalCloud:
         bootstrap.reset()
         # Warm containers: create every wired client now, on this thread (creating clients from
         # the default session on two threads at once is not safe in botocore).
-        for wire in (bootstrap.job_service, bootstrap.reactions, bootstrap.reconciler, bootstrap.budget_reactions):
+        wires = (bootstrap.job_service, bootstrap.reactions, bootstrap.reconciler, bootstrap.budget_reactions)
+        for wire in (*wires, bootstrap.job_sessions):
             wire()
         bootstrap.make_every_client()
+        self._lambda = LambdaEndpoint(stack.invoke).start()
         # It holds this run's credentials: readable by the user only, from its creation on.
         env_sh = os.open(self.workdir / "env.sh", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(env_sh, "w", encoding="utf-8") as handle:

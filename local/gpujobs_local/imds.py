@@ -3,23 +3,44 @@
 A session token from ``PUT /latest/api/token`` (with a TTL header) is required for every GET. It serves
 ``/latest/user-data``, any ``/latest/meta-data/<path>`` given in ``metadata``, and the two spot signals:
 ``spot/instance-action`` and ``events/recommendations/rebalance`` (JSON, 404 until set), as on EC2
-(docs: aws-contracts §1.9).
+(docs: aws-contracts §1.9). ``instance_role_metadata`` gives it an instance profile's credentials.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from gpujobs_local.serving import LocalServer
 
 SPOT_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 
 
-class FakeImds:
+def instance_role_metadata(role_name: str, credentials: Mapping[str, Any]) -> dict[str, str]:
+    """``metadata`` serving an instance profile's session (STS ``Credentials``) as EC2's IMDS does:
+    ``iam/security-credentials/`` names the role, ``iam/security-credentials/<role>`` is its keys."""
+    expiration = credentials["Expiration"]
+    if isinstance(expiration, dt.datetime):
+        expiration = expiration.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    served = {
+        "Code": "Success",
+        "LastUpdated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "Type": "AWS-HMAC",
+        "AccessKeyId": credentials["AccessKeyId"],
+        "SecretAccessKey": credentials["SecretAccessKey"],
+        "Token": credentials["SessionToken"],
+        "Expiration": str(expiration),
+    }
+    prefix = "iam/security-credentials/"
+    return {prefix: role_name, prefix + role_name: json.dumps(served)}
+
+
+class FakeImds(LocalServer):
     """IMDSv2 on 127.0.0.1 (ephemeral port): token PUT, metadata, user data, spot and rebalance notices."""
 
     def __init__(
@@ -35,11 +56,7 @@ class FakeImds:
         """GETs without a valid IMDSv2 token: a client that never does so is an IMDSv2 client."""
         self._counter = 0
         self._lock = threading.Lock()
-        self._started = self._closed = False
-        self.server = ThreadingHTTPServer((host, 0), self._handler())
-        self.server.daemon_threads = True
-        self.endpoint = f"http://{host}:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, name="fake-imds", daemon=True)
+        super().__init__(self._handler(), host=host, name="fake-imds")
 
     def _new_token(self) -> str:
         with self._lock:
@@ -93,29 +110,6 @@ class FakeImds:
                     self._reply(200, body)
 
         return Handler
-
-    def start(self) -> FakeImds:
-        if not self._started:
-            self._started = True
-            self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop serving; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._started:
-            self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> FakeImds:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def announce_termination(self, time: str = "2030-01-01T00:00:00Z", action: str = "terminate") -> None:
         self.instance_action = {"action": action, "time": time}

@@ -61,7 +61,7 @@ from gpujobs.contract import (
     WORKLOAD_MAY_RUN_STATES,
 )
 from gpujobs.instance.userdata import bootstrap_command, unpack_bootstrap
-from gpujobs_local.imds import FakeImds
+from gpujobs_local.imds import FakeImds, instance_role_metadata
 from gpujobs_local.processes import InstanceProcesses, become_subreaper, free_port
 
 log = logging.getLogger("gpujobs_local.instances")
@@ -70,6 +70,8 @@ STATE_CHANGE = INSTANCE_STATE_CHANGE
 SPOT_WARNING = SPOT_INTERRUPTION_WARNING
 REBALANCE = REBALANCE_RECOMMENDATION
 _ENDING = {"shutting-down": "terminated", "terminated": "terminated", "stopping": "stopped", "stopped": "stopped"}
+_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"}
+"""The host's credentials, which an instance given its own instance-role session does not get."""
 _PROBE = "import sys, boto3; print('%d.%d.%d' % sys.version_info[:3]); sys.exit(sys.version_info < (3, 9))"
 
 
@@ -151,11 +153,16 @@ class InstanceRunner:
         images: bool = False,
         bootstrap_args: Sequence[str] = (),
         cwd: Path | None = None,
+        instance_credentials: Callable[[str], Mapping[str, Any]] | None = None,
+        instance_role_name: str = "",
     ) -> None:
         """``entrypoint``: the process runtime's argv prefix (default: the trainer's launcher; "" runs the
         job's command directly). ``images``: run each job in its image instead (``container``; the
         entrypoint is then the image's). ``bootstrap_args``: extra bootstrap options (e.g. ``--wait-timeout 20``).
         ``instance_python``: the bootstrap's interpreter (default ``python``); checked now (ValueError).
+        ``instance_credentials``: instance id -> its instance-role session (STS ``Credentials``,
+        ``MotoStack.instance_credentials``), served by its IMDS under ``iam/security-credentials/``
+        ``instance_role_name`` as EC2 does; the bootstrap then gets no keys of ``env``'s.
         """
         self.ec2 = ec2
         self.stack_name = stack_name
@@ -171,6 +178,8 @@ class InstanceRunner:
         self.images = images
         self.bootstrap_args = list(bootstrap_args)
         self.cwd = cwd
+        self.instance_credentials = instance_credentials
+        self.instance_role_name = instance_role_name or "gpujobs-instance-role"
         self.region: str = ec2.meta.region_name
         self.instances: dict[str, LocalInstance] = {}
         self.ports: dict[tuple[str, int | None], int] = {}  # (job, attempt) -> the master port on 127.0.0.1
@@ -319,6 +328,7 @@ class InstanceRunner:
                 "placement/region": self.region,
                 "placement/availability-zone": described.get("Placement", {}).get("AvailabilityZone", ""),
                 "instance-type": described.get("InstanceType", ""),
+                **self._role_metadata(iid),
             },
             user_data=self._user_data(iid),
         ).start()
@@ -342,13 +352,19 @@ class InstanceRunner:
             argv += ["--entrypoint", self.entrypoint]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(port), *self.bootstrap_args]
         env = {
-            **self.env,
+            **{k: v for k, v in self.env.items() if self.instance_credentials is None or k not in _KEYS},
             "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.endpoint,
             "TMPDIR": str(inst.tmpdir),
             "PYTHONUNBUFFERED": "1",
         }
         pid = inst.processes.spawn(argv, env=env, cwd=self.cwd or directory, log_path=inst.log_path)
         log.info("%s: bootstrap pid %d, IMDS %s, log %s", iid, pid, imds.endpoint, inst.log_path)
+
+    def _role_metadata(self, instance_id: str) -> dict[str, str]:
+        """The instance profile's credentials as its IMDS serves them (none without ``instance_credentials``)."""
+        if self.instance_credentials is None:
+            return {}
+        return instance_role_metadata(self.instance_role_name, self.instance_credentials(instance_id))
 
     def _user_data(self, instance_id: str) -> bytes | None:
         try:

@@ -77,6 +77,7 @@ def attach_runner(
     `instance_python`: the AMI's python3 the bootstrap runs with (default `$GPUJOBS_LOCAL_INSTANCE_PYTHON`,
     else this Python); the workload still runs with this one, as the image's interpreter."""
     assert cloud.stack is not None, "start the cloud first"
+    stack, sts = cloud.stack, cloud.client("sts")
     python_bin = str(Path(sys.executable).parent)
     runner = InstanceRunner(
         ec2=cloud.client("ec2"),
@@ -84,12 +85,20 @@ def attach_runner(
         emit=cloud.put_event,
         workdir=workdir,
         # `python` in a job's command is the image's interpreter; here, this environment's.
-        env={**os.environ, **cloud.exports(), "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}"},
+        env={
+            **os.environ,
+            **cloud.exports(),
+            "PATH": f"{python_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AWS_ENDPOINT_URL_LAMBDA": cloud.lambda_endpoint_url,  # the credentials function
+        },
         images=True,
         grace_seconds=grace_seconds,
         instance_python=instance_python or os.environ.get(INSTANCE_PYTHON_ENV) or None,
         bootstrap_args=["--wait-timeout", str(int(wait_timeout))],
         cwd=ROOT,
+        # each instance's own instance-role session, from its IMDS (the credentials function checks it)
+        instance_credentials=lambda iid: stack.instance_credentials(iid, sts=sts),
+        instance_role_name=stack.instance_role_arn.rsplit("/", 1)[-1],
     )
     cloud.add_tick(runner.poll)
     cloud.add_shutdown(runner.stop_all)

@@ -18,10 +18,12 @@ import base64
 import contextlib
 import gzip
 import importlib.util
+import io
 import json
 import time
+import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 import boto3
+from botocore.awsrequest import AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES, job_log_group
@@ -73,6 +76,9 @@ class MotoStack:
         # moto gap: placement groups are not implemented. Answer them here, as EC2 would.
         self.placement_groups = PlacementGroups(region=REGION)
         self.placement_groups.install(self.on_aws)
+        # moto gap: its Lambda runs functions in docker. A direct invocation of the credentials
+        # function (the bootstrap's) runs the real handler in this process instead.
+        self.on_aws("before-send.lambda.Invoke", self._invoke_directly)
         # Any: what it describes is read back as plain dicts (the tour, the tests).
         self.ec2: Any = boto3.client("ec2", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
@@ -126,6 +132,7 @@ class MotoStack:
             Rule="all-state-changes", EventBusName=self.bus, Targets=[{"Id": "q", "Arn": observed_arn}]
         )
 
+        self.instance_role_arn = self._create_instance_role()
         self.job_role_arn = self._create_job_role()
 
         # The template's JobLogGroup: every node's output and bootstrap log (gpujobs logs reads it).
@@ -163,6 +170,8 @@ class MotoStack:
             "CHECKPOINT_DOCUMENT": self.checkpoint_document,
             "REPORT_SECRET_ARN": self.report_secret_arn,
             "JOB_ROLE_ARN": self.job_role_arn,
+            "INSTANCE_ROLE_ARN": self.instance_role_arn,
+            "CREDENTIALS_FUNCTION": f"{stack}-CredentialsFunction",
             "JOB_LOG_GROUP": self.log_group,
             "REPORTS_FUNCTION_NAME": f"{stack}-ReportsFunction",
             "AWS_REGION": REGION,
@@ -172,6 +181,23 @@ class MotoStack:
             self.ssm.put_parameter(Name=self.teams_parameter, Value=self.teams, Type="String")
             self.env["TEAMS_PARAMETER"] = self.teams_parameter
 
+    def _create_instance_role(self) -> str:
+        """The template's InstanceRole in moto's IAM: `instance_credentials` plays EC2's part."""
+        trust = json.dumps(template.properties("InstanceRole")["AssumeRolePolicyDocument"])
+        iam = boto3.client("iam", region_name=REGION)
+        arn: str = iam.create_role(RoleName=f"{self.stack_name}-InstanceRole", AssumeRolePolicyDocument=trust)["Role"][
+            "Arn"
+        ]
+        return arn
+
+    def instance_credentials(self, instance_id: str, *, sts: Any = None) -> dict[str, Any]:
+        """The instance role's session EC2 gives `instance_id` (session name: the instance id), as
+        STS `Credentials`: what its IMDS would serve, and what GetCallerIdentity names as
+        `assumed-role/<InstanceRole>/<instance id>`."""
+        sts = sts or boto3.client("sts", region_name=REGION)
+        answer = sts.assume_role(RoleArn=self.instance_role_arn, RoleSessionName=instance_id)
+        return dict(answer["Credentials"])
+
     def _create_job_role(self) -> str:
         """The template's JobRole in moto's IAM: instances assume it per attempt (moto STS answers with real keys)."""
         account = "123456789012"
@@ -179,7 +205,7 @@ class MotoStack:
             "JobRole",
             stack_name=self.stack_name,
             attributes={
-                "InstanceRole.Arn": f"arn:aws:iam::{account}:role/{self.stack_name}-InstanceRole",
+                "CredentialsFunctionRole.Arn": f"arn:aws:iam::{account}:role/{self.stack_name}-CredentialsFunctionRole",
                 "CheckpointBucket.Arn": f"arn:aws:s3:::{self.bucket}",
                 "JobsEventBus.Arn": f"arn:aws:events:{REGION}:{account}:event-bus/{self.bus}",
             },
@@ -189,6 +215,29 @@ class MotoStack:
         arn: str = iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust)["Role"]["Arn"]
         iam.put_role_policy(RoleName=name, PolicyName="gpujobs-job", PolicyDocument=policy)
         return arn
+
+    def invoke(self, name: str, payload: bytes) -> bytes | None:
+        """Lambda's synchronous Invoke of a function without event sources (`name`: its name or ARN),
+        answered by its real handler: the result as JSON, or None for a function not served here.
+        The in-process hook (`_invoke_directly`) and the local Lambda endpoint (`lambda_endpoint`) both
+        route through it."""
+        function = name.split(":function:", 1)[-1].split(":", 1)[0]
+        folder = {f"{self.stack_name}-CredentialsFunction": "credentials"}.get(function)
+        if folder is None:
+            return None
+        arn = f"arn:aws:lambda:{REGION}:123456789012:function:{function}"
+        context = LambdaContext(function_name=function, invoked_function_arn=arn)
+        result = load_function(folder).handler(json.loads(payload or b"null"), context)
+        return json.dumps(result).encode()
+
+    def _invoke_directly(self, request: Any, **_: Any) -> AWSResponse | None:
+        """`invoke` at `before-send`: the call is made, recorded and signed as any other."""
+        name = urllib.parse.unquote(urllib.parse.urlsplit(request.url).path.split("/functions/", 1)[-1].split("/")[0])
+        body = request.body.read() if hasattr(request.body, "read") else request.body
+        result = self.invoke(name, body or b"")
+        if result is None:
+            return None
+        return AWSResponse(request.url, 200, HTTPHeaders(), _Raw(result))
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""
@@ -300,6 +349,13 @@ class MotoStack:
             for m in batch:
                 seen.append(json.loads(m["Body"]))
                 self.sqs.delete_message(QueueUrl=self.events_queue, ReceiptHandle=m["ReceiptHandle"])
+
+
+class _Raw(io.BytesIO):
+    """An HTTP body as botocore reads it: whole (`stream`) or as a streaming payload (`read`)."""
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.getvalue()
 
 
 def _an_amazon_image(ec2: Any) -> str:

@@ -46,6 +46,7 @@ FUNCTION_FOLDERS = {
     "idle": "IdleFunction",
     "budget": "BudgetFunction",
     "reconciler": "ReconcilerFunction",
+    "credentials": "CredentialsFunction",
 }
 """functions/<folder> -> the template's function (checked against CodeUri by the ledger test)."""
 BINDING_ENV = (
@@ -152,6 +153,8 @@ class Recorder:
 
     # ---- attribution -------------------------------------------------------------------------
     def _principal(self, role: str | None) -> str | None:
+        if role is not None and role.endswith("-InstanceRole"):  # the session EC2 gives an instance
+            return "InstanceRole"
         if role is not None:
             return "JobRole" if role == os.environ.get("JOB_ROLE_ARN") or "JobRole" in role else f"role:{role}"
         frame = sys._getframe(2)

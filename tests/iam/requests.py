@@ -502,6 +502,13 @@ def _assume_role(params: dict[str, Any], _facts: dict[str, Any], region: str, _:
     )
 
 
+@builds("lambda", "Invoke")
+def _invoke(params: dict[str, Any], _facts: dict[str, Any], region: str, _: Context) -> list[Request]:
+    name = params["FunctionName"]
+    arn = name if name.startswith("arn:") else f"arn:aws:lambda:{region}:{ACCOUNT}:function:{name}"
+    return [Request("lambda:InvokeFunction", arn)]
+
+
 @builds("logs", "CreateLogStream")
 def _create_stream(params: dict[str, Any], _facts: dict[str, Any], region: str, _: Context) -> list[Request]:
     return [Request("logs:CreateLogStream", f"arn:aws:logs:{region}:{ACCOUNT}:log-group:{params['logGroupName']}")]

@@ -33,6 +33,7 @@ FUNCTION_ROLES = {
     "IdleFunction",
     "BudgetFunction",
     "ReconcilerFunction",
+    "CredentialsFunction",
 }
 PRINCIPALS = FUNCTION_ROLES | {"InstanceRole", "JobRole"}
 
@@ -172,6 +173,8 @@ class Resolver:
             return name
         if attribute == "Arn" and resource_type == "AWS::SQS::Queue":
             return f"arn:aws:sqs:{region}:{ACCOUNT}:{name}"
+        if attribute == "Arn" and resource_type == "AWS::Lambda::Function":
+            return f"arn:aws:lambda:{region}:{ACCOUNT}:function:{name}"
         if attribute == "Arn" and resource_type == "AWS::IAM::Role":
             return f"arn:aws:iam::{ACCOUNT}:role/{name}"
         return f"arn:aws:resource:{region}:{ACCOUNT}:{name}/{attribute}"

@@ -103,15 +103,15 @@ def test_private_subnets_without_nat_are_told_which_endpoints_they_lack_until_no
     account = Account()
 
     (before,) = _doctor()["network"]
-    account.endpoints(*(e for e in REQUIRED_ENDPOINTS if e not in ("sts", "ecr.api")))
+    account.endpoints(*(e for e in REQUIRED_ENDPOINTS if e not in ("lambda", "ecr.api")))
     (most,) = _doctor()["network"]
-    account.endpoints("sts", "ecr.api")
+    account.endpoints("lambda", "ecr.api")
     (all_there,) = _doctor()["network"]
 
     assert before.status == FAIL
     assert all(name in before.detail for name in REQUIRED_ENDPOINTS)
-    assert (most.status, most.detail) == (FAIL, f"{account.subnet}: no NAT route and no endpoint for sts, ecr.api")
-    assert "com.amazonaws.us-east-1.{sts,ecr.api}" in most.fix
+    assert (most.status, most.detail) == (FAIL, f"{account.subnet}: no NAT route and no endpoint for lambda, ecr.api")
+    assert "com.amazonaws.us-east-1.{lambda,ecr.api}" in most.fix
     assert all_there.status == OK
 
 

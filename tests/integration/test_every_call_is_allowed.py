@@ -124,8 +124,18 @@ def _run_bootstrap(stack: MotoStack, instance_id: str, tmp_path: Path, monkeypat
     user_data.write_bytes(stack.user_data(instance_id))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     sinks = list(SINKS)
-    with FakeImds(user_data=b"", instance_id=instance_id, local_ipv4="10.0.0.5") as imds:
+    # the credentials function's clients are this process's (its role's), made before the instance's keys are set
+    runtime_bootstrap.job_sessions()
+    runtime_bootstrap.make_every_client()
+    own = stack.instance_credentials(instance_id)  # what EC2 gives the instance: its role, named after it
+    with (
+        FakeImds(user_data=b"", instance_id=instance_id, local_ipv4="10.0.0.5") as imds,
+        pytest.MonkeyPatch.context() as as_the_instance,
+    ):
         monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.endpoint)
+        as_the_instance.setenv("AWS_ACCESS_KEY_ID", own["AccessKeyId"])
+        as_the_instance.setenv("AWS_SECRET_ACCESS_KEY", own["SecretAccessKey"])
+        as_the_instance.setenv("AWS_SESSION_TOKEN", own["SessionToken"])
         writes_an_output = f"open(os.environ[{OUTPUT_DIR_ENV!r}] + '/result.txt', 'w').write('done')"
         workload = f'{sys.executable} -c "import os; {writes_an_output}"'
         try:
@@ -242,9 +252,10 @@ def test_the_flows_reach_every_role_the_stack_defines_and_the_calls_the_issue_na
     efa = [c for c in flows if c.operation == "RunInstances" and len(c.params.get("NetworkInterfaces", [])) > 1]
     assert efa
     assert all("AssociatePublicIpAddress" not in i for c in efa for i in c.params["NetworkInterfaces"])
-    assert {"sts:AssumeRole", "secretsmanager:GetSecretValue", "ssm:GetParameter", "events:PutEvents"} <= {
+    assert {"lambda:InvokeFunction", "secretsmanager:GetSecretValue", "ssm:GetParameter", "events:PutEvents"} <= {
         r.action for c in flows if c.principal in ("InstanceRole", "JobRole") for r, _, _ in judged(c)
     }
+    assert ("CredentialsFunction", "sts", "AssumeRole") in made
 
 
 def test_a_stack_with_a_customer_managed_ebs_key_may_have_ec2_use_it_for_every_launch(flows: list[Call]) -> None:
@@ -340,5 +351,6 @@ def test_the_endpoints_a_private_subnet_needs_are_exactly_those_the_bootstrap_ca
     by_bootstrap = {endpoint for endpoint, who in documented.items() if "bootstrap" in who}
 
     assert called == by_bootstrap
-    assert {"sts", "s3", "events", "ec2", "logs", "secretsmanager", "ssm", "ecr.api"} <= called
+    assert {"lambda", "s3", "events", "ec2", "logs", "secretsmanager", "ssm", "ecr.api"} <= called
+    assert "sts" not in called  # the credentials function verifies the instance's identity and assumes the job role
     assert {"ecr.dkr", "ssmmessages", "ec2messages", "monitoring"} <= set(documented)  # docker, the agents

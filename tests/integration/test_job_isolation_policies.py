@@ -45,11 +45,12 @@ def _actions(statements: list[dict[str, Any]], effect: str = "Allow") -> set[str
 
 
 # ---- asserted on the rendered documents --------------------------------------------------------
-def test_only_the_instance_role_may_assume_the_job_role_and_only_with_the_job_tags() -> None:
-    """Rendered: moto checks the principal of a trust policy but not sts:TagSession nor tag conditions."""
+def test_only_the_credentials_function_may_assume_the_job_role_and_only_with_the_job_tags() -> None:
+    """Rendered: moto checks the principal of a trust policy but not sts:TagSession nor tag conditions.
+    (tests/integration/test_job_sessions_are_vended_only_to_their_attempt.py evaluates it.)"""
     (trust,) = properties("JobRole")["AssumeRolePolicyDocument"]["Statement"]
 
-    assert trust["Principal"] == {"AWS": {"Fn::GetAtt": ["InstanceRole", "Arn"]}}
+    assert trust["Principal"] == {"AWS": {"Fn::GetAtt": ["CredentialsFunctionRole", "Arn"]}}
     assert set(trust["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
     assert trust["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"] == [
         "gpujobs:job-id",
@@ -108,8 +109,8 @@ def test_the_instance_role_publishes_only_exit_events() -> None:
     assert "ManagedPolicyArns" not in properties("InstanceRole")
     exits = _statement("InstanceRole", "PublishExitEvents")
     assert exits["Condition"] == {"StringEquals": {"events:source": "gpujobs.instance"}}
-    (assume,) = properties("InstanceAssumesJobRole")["PolicyDocument"]["Statement"]
-    assert assume["Resource"] == {"Fn::GetAtt": ["JobRole", "Arn"]}
+    (ask,) = properties("InstanceAsksForJobSessions")["PolicyDocument"]["Statement"]
+    assert (ask["Action"], ask["Resource"]) == ("lambda:InvokeFunction", {"Fn::GetAtt": ["CredentialsFunction", "Arn"]})
 
 
 def test_a_session_policy_names_only_its_job_its_team_and_its_teams_data_buckets() -> None:

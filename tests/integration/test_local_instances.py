@@ -31,12 +31,15 @@ from gpujobs.instance.userdata import render_user_data
 from gpujobs_local.instances import REBALANCE, SPOT_WARNING, STATE_CHANGE, InstanceRunner
 from tests.ami_pythons import find_interpreter
 from tests.conftest import BootstrapPython
+from tests.granting_credentials_function import FUNCTION, GrantingCredentialsFunction, granting_credentials_function
 
 pytestmark = [pytest.mark.integration, pytest.mark.training]
 
 REPO = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
 STACK = "gpujobs-local-test"
+JOB_ROLE = "arn:aws:iam::123456789012:role/gpujobs-local-JobRole"
+INSTANCE_ROLE = f"arn:aws:iam::123456789012:role/{STACK}-InstanceRole"
 
 EXITS = "import sys; sys.exit(int(sys.argv[1]))"
 WAITS_FOR_SIGTERM = textwrap.dedent(
@@ -137,6 +140,11 @@ class Cloud:
     def exits(self) -> list[dict[str, Any]]:
         return [e["detail"] for e in self.received(self.exits_queue)]
 
+    def instance_credentials(self, instance_id: str) -> dict[str, Any]:
+        """What EC2 gives the instance: the instance role's session, named after it."""
+        sts = boto3.client("sts", **self.kwargs)
+        return dict(sts.assume_role(RoleArn=INSTANCE_ROLE, RoleSessionName=instance_id)["Credentials"])
+
     def states(self, instance_id: str) -> list[str]:
         return [
             e["detail"]["state"]
@@ -203,7 +211,16 @@ def instance_env(endpoint: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def make_runner(cloud: Cloud, tmp_path: Path) -> Iterator[Callable[..., InstanceRunner]]:
+def credentials_function(moto_endpoint: str) -> Iterator[tuple[str, GrantingCredentialsFunction]]:
+    """(its Lambda endpoint, the function): a credentials function granting every ask the job role."""
+    with granting_credentials_function(moto_endpoint, role_arn=JOB_ROLE) as served:
+        yield served
+
+
+@pytest.fixture
+def make_runner(
+    cloud: Cloud, tmp_path: Path, credentials_function: tuple[str, GrantingCredentialsFunction]
+) -> Iterator[Callable[..., InstanceRunner]]:
     runners: list[InstanceRunner] = []
 
     def make(**options: Any) -> InstanceRunner:
@@ -213,7 +230,9 @@ def make_runner(cloud: Cloud, tmp_path: Path) -> Iterator[Callable[..., Instance
             stack_name=STACK,
             emit=cloud.emit,
             workdir=tmp_path / "cloud",
-            env=instance_env(cloud.endpoint),
+            env={**instance_env(cloud.endpoint), "AWS_ENDPOINT_URL_LAMBDA": credentials_function[0]},
+            instance_credentials=cloud.instance_credentials,
+            instance_role_name=INSTANCE_ROLE.rsplit("/", 1)[-1],
             **settings,
         )
         runners.append(runner)
@@ -455,7 +474,9 @@ def test_a_job_with_its_own_role_hears_the_spot_notice_through_the_filtered_imds
         env={"OUT_FILE": str(out), "READY_FILE": str(ready)},
         spot=True,
         job_id=job_id,
-        job_role_arn="arn:aws:iam::123456789012:role/gpujobs-local-JobRole",
+        job_role_arn=JOB_ROLE,
+        credentials_function=FUNCTION,
+        stack=STACK,
         session_policy=session_policy_json(bucket="unused", job_id=job_id, team="vision"),
         session_tags=session_tags(job_id=job_id, team="vision", attempt=1),
     )
@@ -506,7 +527,11 @@ CALLS_AWS_AS_THE_JOB = (
 
 @pytest.mark.timeout(180)
 def test_the_bootstrap_runs_under_the_amis_python_and_the_workload_under_the_images(
-    cloud: Cloud, make_runner: Callable[..., InstanceRunner], tmp_path: Path, old_python: BootstrapPython
+    cloud: Cloud,
+    make_runner: Callable[..., InstanceRunner],
+    tmp_path: Path,
+    old_python: BootstrapPython,
+    credentials_function: tuple[str, GrantingCredentialsFunction],
 ) -> None:
     # given instances whose bootstrap runs with the AMI's python3 (an environment with only boto3)
     runner = make_runner(instance_python=old_python.path)
@@ -518,7 +543,9 @@ def test_the_bootstrap_runs_under_the_amis_python_and_the_workload_under_the_ima
         command=[sys.executable, "-c", CALLS_AWS_AS_THE_JOB],
         env={"OUT_FILE": str(out)},
         job_id=job_id,
-        job_role_arn="arn:aws:iam::123456789012:role/gpujobs-local-JobRole",
+        job_role_arn=JOB_ROLE,
+        credentials_function=FUNCTION,
+        stack=STACK,
         session_policy=session_policy_json(bucket="unused", job_id=job_id, team="vision"),
         session_tags=session_tags(job_id=job_id, team="vision", attempt=1),
     )
@@ -531,6 +558,10 @@ def test_the_bootstrap_runs_under_the_amis_python_and_the_workload_under_the_ima
     assert seen["python"] == platform.python_version()
     assert ":assumed-role/gpujobs-local-JobRole/" in seen["arn"], log
     assert [e["exit_code"] for e in cloud.exits()] == [0]
+    # and it asked for the job's session as its own instance (its instance-role session, from its IMDS)
+    _, function = credentials_function
+    assert {(a["job_id"], a["attempt"]) for a in function.asks} == {(job_id, 1)}
+    assert set(function.signers) == {f"arn:aws:sts::123456789012:assumed-role/{STACK}-InstanceRole/{iid}"}
 
 
 def test_an_instance_python_that_cannot_run_the_bootstrap_is_refused_up_front(cloud: Cloud, tmp_path: Path) -> None:

@@ -648,14 +648,32 @@ def test_checkpoint_now_document_signals_only_a_gpujobs_container_name() -> None
 
 
 # --------------------------------------------------------------------------------- IAM (functions)
+# The credentials function changes no job: it reads one record and vends a session, nothing more.
+READ_ONLY_FUNCTIONS = ("CredentialsFunction",)
+
+
 def test_every_function_reads_and_writes_the_jobs_table_and_publishes_only_on_the_stacks_bus() -> None:
     for logical_id in resources_of_type("AWS::Serverless::Function"):
+        if logical_id in READ_ONLY_FUNCTIONS:
+            continue
         policies = properties(logical_id)["Policies"]
         publishes = _allowing(_function_statements(logical_id), "events:PutEvents")
 
         assert {"DynamoDBCrudPolicy": {"TableName": {"Ref": "JobsTable"}}} in policies, logical_id
         assert publishes, logical_id
         assert all(s["Resource"] == {"Fn::GetAtt": ["JobsEventBus", "Arn"]} for s in publishes), logical_id
+
+
+def test_the_credentials_function_only_reads_job_records_and_publishes_nothing() -> None:
+    statements = _function_statements("CredentialsFunction")
+    reads = _allowing(statements, "dynamodb:GetItem")
+
+    assert not any("DynamoDBCrudPolicy" in str(p) for p in properties("CredentialsFunction")["Policies"])
+    assert not _allowing(statements, "events:PutEvents")
+    assert not _allowing(statements, "dynamodb:PutItem")
+    assert not _allowing(statements, "dynamodb:UpdateItem")
+    assert [s["Action"] for s in reads] == ["dynamodb:GetItem"]
+    assert "table/${JobsTable}" in _resources_text(reads[0])
 
 
 def test_every_function_that_may_launch_gets_the_launch_permissions_submit_has() -> None:

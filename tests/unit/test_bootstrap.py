@@ -162,10 +162,17 @@ def sigterm_once_it_prints(proc: subprocess.Popen[str], marker: str) -> str:
 
 
 def start_bootstrap(
-    tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str, python: str = sys.executable
+    tmp_path: Path,
+    imds: FakeImds,
+    moto_endpoint: str,
+    *args: str,
+    python: str = sys.executable,
+    lambda_endpoint: str | None = None,
 ) -> subprocess.Popen[str]:
-    """The bundled bootstrap (the bytes the loader runs on an instance) as a process, under `python`."""
+    """The bundled bootstrap (the bytes the loader runs on an instance) as a process, under `python`.
+    `lambda_endpoint`: where its Lambda client invokes the credentials function (`AWS_ENDPOINT_URL_LAMBDA`)."""
     env = {
+        **({"AWS_ENDPOINT_URL_LAMBDA": lambda_endpoint} if lambda_endpoint else {}),
         "PATH": str(a_fake_bin(tmp_path)),
         "AWS_ENDPOINT_URL": moto_endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
@@ -185,9 +192,14 @@ def start_bootstrap(
 
 
 def run_bootstrap(
-    tmp_path: Path, imds: FakeImds, moto_endpoint: str, *args: str, python: str = sys.executable
+    tmp_path: Path,
+    imds: FakeImds,
+    moto_endpoint: str,
+    *args: str,
+    python: str = sys.executable,
+    lambda_endpoint: str | None = None,
 ) -> tuple[int, str]:
-    proc = start_bootstrap(tmp_path, imds, moto_endpoint, *args, python=python)
+    proc = start_bootstrap(tmp_path, imds, moto_endpoint, *args, python=python, lambda_endpoint=lambda_endpoint)
     output, _ = proc.communicate(timeout=60)
     return proc.returncode, output
 

@@ -51,6 +51,11 @@ def test_the_bootstrap_reads_the_tags_the_launcher_writes() -> None:
     assert instance_contract.TAG_ATTEMPT == contract.ATTEMPT_TAG
 
 
+def test_the_bootstrap_signs_its_identity_proof_as_the_credentials_function_checks_it() -> None:
+    assert instance_contract.JOB_SESSION_HEADER == contract.JOB_SESSION_HEADER
+    assert instance_contract.job_session_purpose("s", "j-1", 2) == contract.job_session_purpose("s", "j-1", 2)
+
+
 def test_the_bootstrap_reports_its_exit_as_the_reports_rule_expects() -> None:
     assert instance_contract.EVENT_SOURCE == contract.INSTANCE_SOURCE
     assert instance_contract.EVENT_DETAIL_TYPE == contract.JOB_EXITED

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import io
 import json
 import os
 import stat
@@ -35,6 +36,7 @@ from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.userdata import render_user_data
 from tests.conftest import BootstrapPython
+from tests.granting_credentials_function import granting_credentials_function
 from tests.unit.fake_imds import FakeImds
 from tests.unit.test_bootstrap import (  # the bootstrap's own fixtures: a moto server and an event bus
     BOOTSTRAP,
@@ -72,12 +74,21 @@ def moto(endpoint: str, service: str) -> Any:
 def job_access(job_id: str = "job-7", team: str = "vision", attempt: int = 3) -> dict[str, Any]:
     return {
         "job_role_arn": JOB_ROLE,
+        "credentials_function": "gpujobs-CredentialsFunction",
+        "stack": "gpujobs",
         "session_policy": session_policy_json(bucket="bucket", job_id=job_id, team=team),
         "session_tags": session_tags(job_id=job_id, team=team, attempt=attempt),
     }
 
 
 # ---- per-job credentials and secrets, end to end ----------------------------------------------
+@pytest.fixture
+def credentials_function(moto_endpoint: str) -> Iterator[str]:
+    """The Lambda endpoint (`AWS_ENDPOINT_URL_LAMBDA`) of a credentials function granting the job role."""
+    with granting_credentials_function(moto_endpoint, role_arn=JOB_ROLE) as (endpoint, _function):
+        yield endpoint
+
+
 @pytest.fixture(scope="module")
 def secret_refs(moto_endpoint: str) -> dict[str, str]:
     arn = moto(moto_endpoint, "secretsmanager").create_secret(Name="gpujobs/vision/hf", SecretString=HF_TOKEN)["ARN"]
@@ -87,13 +98,26 @@ def secret_refs(moto_endpoint: str) -> dict[str, str]:
 
 @pytest.fixture
 def ran_with_secrets(
-    tmp_path: Path, bus: Bus, moto_endpoint: str, secret_refs: dict[str, str], bootstrap_python: BootstrapPython
+    *,
+    tmp_path: Path,
+    bus: Bus,
+    moto_endpoint: str,
+    secret_refs: dict[str, str],
+    bootstrap_python: BootstrapPython,
+    credentials_function: str,
 ) -> tuple[dict[str, Any], str, bytes]:
     """The bootstrap under each interpreter (this one, then the AMIs' 3.9 and 3.10) serving the job role."""
     doc = a_document(tmp_path, bus, command=[sys.executable, "-c", WORKLOAD], secrets=secret_refs, **job_access())
     user_data = render_user_data(doc, bucket=BUCKET, region=REGION)
     with FakeImds(user_data=user_data, instance_id=INSTANCE_ID) as imds:
-        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
+        code, output = run_bootstrap(
+            tmp_path,
+            imds,
+            moto_endpoint,
+            "--no-shutdown",
+            python=bootstrap_python.path,
+            lambda_endpoint=credentials_function,
+        )
     assert code == 0, output
     assert f"gpujobs-bootstrap: Python {bootstrap_python.version} at " in output
     return json.loads((tmp_path / "out.json").read_text()), output, user_data
@@ -136,11 +160,13 @@ def test_secrets_reach_the_workload_and_nowhere_else(
 
 
 def test_a_secret_the_job_cannot_read_fails_the_bootstrap_naming_it_without_a_value(
-    tmp_path: Path, bus: Bus, moto_endpoint: str
+    tmp_path: Path, bus: Bus, moto_endpoint: str, credentials_function: str
 ) -> None:
     doc = a_document(tmp_path, bus, secrets={"MISSING": "ssm:/gpujobs/vision/nope"}, **job_access())
     with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
-        code, _output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+        code, _output = run_bootstrap(
+            tmp_path, imds, moto_endpoint, "--no-shutdown", lambda_endpoint=credentials_function
+        )
 
     (exited,) = bus.exits()
     assert code == exited["exit_code"] == EXIT_BOOTSTRAP_FAILED
@@ -213,33 +239,35 @@ def test_the_pointer_carries_the_digest_of_exactly_the_stored_bytes() -> None:
 
 # ---- the host agent --------------------------------------------------------------------------
 class FakeSts:
+    """The credentials function as the bootstrap's Lambda client sees it: every invoke vends a session."""
+
     def __init__(self, lifetime: dt.timedelta = dt.timedelta(hours=1)) -> None:
         self.calls: list[dict[str, Any]] = []
         self.lifetime = lifetime
 
-    def assume_role(self, **request: Any) -> dict[str, Any]:
+    def invoke(self, **request: Any) -> dict[str, Any]:
         self.calls.append(request)
         n = len(self.calls)
         expiration = dt.datetime.now(dt.UTC) + self.lifetime
-        return {
-            "Credentials": {
-                "AccessKeyId": f"ASIAJOB{n}",
-                "SecretAccessKey": "s",
-                "SessionToken": "t",
-                "Expiration": expiration,
-            }
-        }
+        creds = {"AccessKeyId": f"ASIAJOB{n}", "SecretAccessKey": "s", "SessionToken": "t"}
+        body = json.dumps({"credentials": {**creds, "Expiration": expiration.isoformat()}}).encode()
+        return {"StatusCode": 200, "Payload": io.BytesIO(body)}
+
+
+def _unsigned(purpose: str) -> dict[str, Any]:
+    return {"headers": {"X-Gpujobs-Job-Session": purpose}, "body": ""}
 
 
 def a_doc(**changes: Any) -> dict[str, Any]:
-    return {"job_id": "job-7", "attempt": 3, **job_access(), **changes}
+    access = {"credentials_function": "gpujobs-CredentialsFunction", "stack": "gpujobs"}
+    return {"job_id": "job-7", "attempt": 3, **job_access(), **access, **changes}
 
 
 @pytest.fixture
 def agent() -> Iterator[tuple[HostAgent, Any, FakeSts]]:
     sts = FakeSts()
     with FakeImds(user_data=b"{}") as imds:
-        host = HostAgent(JobCredentials(sts, a_doc()), Imds(imds.endpoint)).start()
+        host = HostAgent(JobCredentials(sts, a_doc(), sign=_unsigned), Imds(imds.endpoint)).start()
         yield host, imds, sts
         host.close()
 
@@ -253,11 +281,15 @@ def test_botocore_gets_the_job_credentials_from_the_host_agent_only_with_its_tok
     creds = ContainerProvider(environ={**public, **private}).load()
     assert creds is not None
     assert creds.get_frozen_credentials().access_key == "ASIAJOB1"
-    (request,) = sts.calls
-    assert request["RoleArn"] == JOB_ROLE
-    assert request["DurationSeconds"] == 3600
-    assert {t["Key"]: t["Value"] for t in request["Tags"]} == session_tags(job_id="job-7", team="vision", attempt=3)
-    assert json.loads(request["Policy"]) == json.loads(job_access()["session_policy"])
+    (request,) = (
+        sts.calls
+    )  # asked of the credentials function, for this attempt only (its tags and policy are the record's)
+    assert request["FunctionName"] == "gpujobs-CredentialsFunction"
+    asked = json.loads(request["Payload"])
+    assert (asked["job_id"], asked["attempt"]) == ("job-7", 3)
+    assert asked["headers"]["X-Gpujobs-Job-Session"] == "gpujobs/job-7/3"
+    assert "Policy" not in asked
+    assert "Tags" not in asked
     # Another process on the host shares the loopback, but not the token
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(public["AWS_CONTAINER_CREDENTIALS_FULL_URI"], timeout=5)
@@ -284,7 +316,7 @@ def test_the_filtered_imds_relays_the_spot_notice_and_nothing_of_the_instance_ro
 
 def test_credentials_are_renewed_before_the_containers_sdk_would_refetch_them() -> None:
     sts = FakeSts(lifetime=dt.timedelta(minutes=19))
-    job = JobCredentials(sts, a_doc())
+    job = JobCredentials(sts, a_doc(), sign=_unsigned)
 
     job.served()
     job.served()
@@ -443,7 +475,7 @@ def test_without_the_imds_rule_the_container_is_not_started(
 
 
 def test_a_bootstrap_that_cannot_block_imds_reports_it_and_never_pulls_or_runs(
-    tmp_path: Path, bus: Bus, moto_endpoint: str
+    tmp_path: Path, bus: Bus, moto_endpoint: str, credentials_function: str
 ) -> None:
     # Given an instance whose docker runs containers under cgroup v1 (no cgroup match for the rule)
     fake_bin = tmp_path / "bin"
@@ -454,6 +486,7 @@ def test_a_bootstrap_that_cannot_block_imds_reports_it_and_never_pulls_or_runs(
     env = {
         "PATH": str(fake_bin),
         "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ENDPOINT_URL_LAMBDA": credentials_function,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",

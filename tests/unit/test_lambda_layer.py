@@ -152,7 +152,7 @@ def test_every_function_runs_on_the_layer_sam_builds_with_pip() -> None:
     assert '--requirement "$(HERE)requirements.txt"' in build
     assert "--python-version 3.12" in build
     assert load_template()["Globals"]["Function"]["Layers"] == [{"Ref": "GpujobsLayer"}]
-    assert len(handler_files()) == 7
+    assert len(handler_files()) == 8
     assert all(path.is_file() for path in handler_files().values()), handler_files()
 
 

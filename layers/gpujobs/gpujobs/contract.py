@@ -69,6 +69,17 @@ def budget_name(stack: str, scope: str) -> str:
     return f"gpujobs-{stack}-{scope}" if scope == ALL_TEAMS_SCOPE else f"gpujobs-{stack}-team-{scope}"
 
 
+# ---- job sessions (the credentials function) -------------------------------------------------
+JOB_SESSION_HEADER = "X-Gpujobs-Job-Session"
+"""A header the instance signs into its `sts:GetCallerIdentity` proof, naming `<stack>/<job>/<attempt>`:
+a proof made for one job session is good for nothing else (`gpujobs.domain.job_sessions`)."""
+
+
+def job_session_purpose(stack: str, job_id: str, attempt: int) -> str:
+    """The value of `JOB_SESSION_HEADER` for one attempt's session."""
+    return f"{stack}/{job_id}/{attempt}"
+
+
 # ---- EC2 instance states ---------------------------------------------------------------------
 INSTANCE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 """Every state of EC2's instance lifecycle."""

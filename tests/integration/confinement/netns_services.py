@@ -3,7 +3,7 @@
 `imds`: a fake EC2 IMDSv2 on 169.254.169.254:80 and [fd00:ec2::254]:80 (in the namespace that
 plays the hypervisor's side), answering the token PUT and, with a token, the instance role's
 credentials and a spot notice. `agent`: the bootstrap's real host agent (`HostAgent`) on the
-"host" namespace's loopback, serving job credentials from a fake STS and relaying the spot notice
+"host" namespace's loopback, serving job credentials from a granting credentials function and relaying the spot notice
 from that IMDS. Each prints one JSON line when it is serving (what the test waits for, instead of
 sleeping), then serves until its stdin closes.
 """
@@ -11,6 +11,7 @@ sleeping), then serves until its stdin closes.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import socket
 import sys
@@ -62,17 +63,22 @@ def serve_imds() -> None:
     print(json.dumps({"serving": "imds"}), flush=True)
 
 
-class _FakeSts:
-    def assume_role(self, **request: Any) -> dict[str, Any]:
+class _GrantingCredentialsFunction:
+    """Lambda's `Invoke` of the credentials function, granting every ask a job session."""
+
+    def invoke(self, **request: Any) -> dict[str, Any]:
         expiration = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
-        return {
-            "Credentials": {
-                "AccessKeyId": JOB_KEY,
-                "SecretAccessKey": "s",
-                "SessionToken": "t",
-                "Expiration": expiration,
-            }
+        vended = {
+            "AccessKeyId": JOB_KEY,
+            "SecretAccessKey": "s",
+            "SessionToken": "t",
+            "Expiration": expiration.isoformat(),
         }
+        return {"StatusCode": 200, "Payload": io.BytesIO(json.dumps({"credentials": vended}).encode())}
+
+
+def _unsigned_proof(purpose: str) -> dict[str, Any]:
+    return {"headers": {}, "body": ""}  # what the function would verify; this one grants without
 
 
 def serve_agent() -> None:
@@ -80,9 +86,9 @@ def serve_agent() -> None:
     from gpujobs.instance.hostagent import HostAgent
     from gpujobs.instance.imds import Imds
 
-    doc = {"job_id": "job-7", "attempt": 3, "job_role_arn": "arn:aws:iam::123456789012:role/JobRole"}
-    doc.update(session_policy="{}", session_tags={"gpujobs:job-id": "job-7"})
-    agent = HostAgent(JobCredentials(_FakeSts(), doc), Imds("http://169.254.169.254", tries=1)).start()
+    doc = {"job_id": "job-7", "attempt": 3, "stack": "gpujobs", "credentials_function": "gpujobs-CredentialsFunction"}
+    credentials = JobCredentials(_GrantingCredentialsFunction(), doc, sign=_unsigned_proof)
+    agent = HostAgent(credentials, Imds("http://169.254.169.254", tries=1)).start()
     public, private = agent.workload_env()
     print(json.dumps({"serving": "agent", "public": public, "private": private}), flush=True)
 

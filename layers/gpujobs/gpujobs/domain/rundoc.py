@@ -56,11 +56,19 @@ class RunDocument(BaseModel):
     """The job's checkpoint key, in hex (`domain.report_auth.checkpoint_key`): the trainer signs and
     verifies the job's checkpoints with it. Travels like `report_key` (never in the S3 copy)."""
     job_role_arn: str = ""
-    """The stack's job role: the bootstrap assumes it for this attempt and serves it to the container."""
+    """The stack's job role: the container runs with a session of it, which the bootstrap serves."""
+    credentials_function: str = ""
+    """The function that vends that session (`domain.job_sessions`): the bootstrap asks it, proving
+    with its instance role that it is one of this attempt's instances. Only that function may
+    assume the job role."""
+    stack: str = ""
+    """The stack's name: the identity proof names it, with the job and attempt, in a signed header."""
     session_policy: str = ""
-    """The inline session policy of that role for this attempt (`gpujobs.domain.job_access`), as JSON."""
+    """The inline session policy of that role for this attempt (`gpujobs.domain.job_access`), as JSON:
+    rendered at launch, so that one over STS's limit is refused before any instance starts. The
+    credentials function renders its own from the job's record; this copy is what the launch saw."""
     session_tags: dict[str, str] = Field(default_factory=dict)
-    """Session tags (job id, team, attempt): the role's own policy is written against them."""
+    """Session tags (job id, team, attempt) the role's own policy is written against (as above: a record)."""
     secrets: dict[str, str] = Field(default_factory=dict)
     """Env name -> secret reference (never a value); the bootstrap resolves them at start."""
     team: str = ""

@@ -36,7 +36,7 @@ from gpujobs.instance import aws
 from gpujobs.instance.cloudwatch_agent import GpuMetrics
 from gpujobs.instance.cloudwatch_logs import LogShipper
 from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRAP_FAILED, job_log_stream
-from gpujobs.instance.credentials import JobCredentials
+from gpujobs.instance.credentials import JobCredentials, instance_identity_signer
 from gpujobs.instance.errors import StoppedError
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
 from gpujobs.instance.hardware import EFA_DEVICE_GLOB, efa_devices, interface_addresses, interface_holding, staging_base
@@ -163,7 +163,7 @@ def _run(
     agent_env: dict[str, str] = {}
     private: dict[str, str] = {}
     if doc["job_role_arn"]:
-        job = JobCredentials(clients("sts"), doc)
+        job = JobCredentials(clients("lambda"), doc, sign=instance_identity_signer(state["region"]))
         job_clients = job.clients(state["region"])
         agent = HostAgent(job, imds).start()
         agent_env, private = agent.workload_env()

@@ -36,6 +36,15 @@ OUTPUT_UPLOAD_REQUEST_FILE = OUTPUT_UNSENT_PREFIX + "upload-now"
 """A file the workload creates in that folder to ask for an upload now."""
 OUTPUT_UPLOAD_TAKEN_FILE = OUTPUT_UNSENT_PREFIX + "uploading"
 """The request, renamed while its upload runs and removed once the upload is done."""
+JOB_SESSION_HEADER = "X-Gpujobs-Job-Session"
+"""The header the instance signs into its identity proof for the credentials function (credentials.py)."""
+
+
+def job_session_purpose(stack: str, job_id: str, attempt: int) -> str:
+    """That header's value: the one job session the proof is good for."""
+    return f"{stack}/{job_id}/{attempt}"
+
+
 EXIT_BOOTSTRAP_FAILED = 125
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
 

@@ -43,6 +43,8 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "report_key": (str, ""),
     "checkpoint_key": (str, ""),
     "job_role_arn": (str, ""),
+    "credentials_function": (str, ""),
+    "stack": (str, ""),
     "session_policy": (str, ""),
     "session_tags": (dict, {}),
     "secrets": (dict, {}),
@@ -119,6 +121,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
             raise BootstrapError(f"env name {key!r} is not allowed or its value is not a string")
     if set(doc["env"]) & set(doc["secrets"]) or (doc["secrets"] and not doc["job_role_arn"]):
         raise BootstrapError("secrets must not repeat env names, and are read only with a job role")
+    if doc["job_role_arn"] and not (doc["credentials_function"] and doc["stack"]):
+        raise BootstrapError("a job role is vended by the stack's credentials function: the document names none")
     if not doc["image"] or doc["image"].startswith("-") or any(c.isspace() for c in doc["image"]):
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
     if not all(isinstance(t, str) for t in doc["efa_instance_types"] + doc["instance_store_types"]):

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from gpujobs.adapters.quotas import ServiceQuotasClient
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.service.budgeting import BudgetReactions
+    from gpujobs.service.job_sessions import JobSessions
     from gpujobs.service.reactions import Reactions
     from gpujobs.service.reconcile import Reconciler
     from gpujobs.service.reports import Reports
@@ -238,6 +239,8 @@ def launch_config(settings: Settings) -> LaunchConfig:
         allowed_instance_types=settings.allowed_instance_types,
         priced_instance_types=frozenset(packaged_on_demand_prices()),
         job_role_arn=settings.job_role_arn,
+        credentials_function=settings.credentials_function,
+        stack_name=settings.stack_name,
         job_log_group=settings.job_log_group,
         hardware=packaged_hardware(),
     )
@@ -305,8 +308,41 @@ def budget_reactions() -> BudgetReactions:
     return BudgetReactions(ports=ports(), reactions=reactions(), stack_name=settings().stack_name)
 
 
+def unsigned_sts_client(settings: Settings) -> STSClient:
+    """An STS client that signs nothing: it carries the instance's own signed proof (`adapters.sts_sessions`)."""
+    from botocore import UNSIGNED
+
+    unsigned = _CONFIG.merge(Config(signature_version=UNSIGNED))
+    client: STSClient = boto3.client("sts", region_name=settings.region, config=unsigned)
+    return client
+
+
+@functools.cache
+def job_sessions() -> JobSessions:
+    """The credentials function's use case: its own STS endpoint verifies proofs, the job store reads
+    records, and the team configuration names the data buckets (read on first use, once per container)."""
+    from gpujobs.adapters.sts_sessions import StsCallerIdentity, StsJobRoleSessions
+    from gpujobs.domain.teams import TeamDirectory
+    from gpujobs.service.job_sessions import JobSessions
+
+    config = settings()
+    sts = lazy_client("sts", config)
+    ssm = lazy_client("ssm", config)
+    teams = SsmTeamConfig(client=ssm, parameter_name=config.teams_parameter) if config.teams_parameter else None
+    directory = functools.cache(lambda: TeamDirectory.open() if teams is None else teams.load())
+    return JobSessions(
+        store=DynamoJobStore(table_name=config.table_name, client=lazy_client("dynamodb", config)),
+        identities=StsCallerIdentity(client=unsigned_sts_client(config)),
+        sessions=StsJobRoleSessions(client=sts, role_arn=config.job_role_arn),
+        team_directory=directory,
+        stack_name=config.stack_name,
+        bucket=config.checkpoint_bucket,
+        instance_role_arn=config.instance_role_arn,
+    )
+
+
 def reset() -> None:
     """Forget every wired service (a fresh Lambda container); tests and the local cloud use it."""
-    for cached in (settings, ports, job_service, reactions, reports, reconciler, budget_reactions):
+    for cached in (settings, ports, job_service, reactions, reports, reconciler, budget_reactions, job_sessions):
         cached.cache_clear()
     _WIRED.clear()

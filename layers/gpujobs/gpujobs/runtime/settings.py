@@ -32,6 +32,9 @@ class Need(Enum):
     and the secret each attempt's report key is derived from (also what verifies reports)."""
     SIGNAL = ("CHECKPOINT_DOCUMENT",)
     """Asks training containers to checkpoint now, through the stack's SSM document."""
+    VEND = ("CHECKPOINT_BUCKET", "JOB_ROLE_ARN", "INSTANCE_ROLE_ARN")
+    """Vends job sessions: the bucket the session policy names, the role it assumes, and the
+    instance role whose sessions (and no other principal's) may ask for one."""
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -62,6 +65,10 @@ class Settings:
     """The log group of jobs' output (template.yaml `JobLogGroup`); empty: output stays on the instances."""
     reports_function_name: str = ""
     """The Reports function, whose throttles the reconciler reads (`domain.hangs`); empty: not read."""
+    instance_role_arn: str = ""
+    """The instances' role (template.yaml `InstanceRole`): only its sessions may ask for a job session."""
+    credentials_function: str = ""
+    """The function instances ask for their job session (template.yaml `CredentialsFunction`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -89,4 +96,6 @@ class Settings:
             job_role_arn=env.get("JOB_ROLE_ARN", ""),
             job_log_group=env.get("JOB_LOG_GROUP", ""),
             reports_function_name=env.get("REPORTS_FUNCTION_NAME", "").strip(),
+            instance_role_arn=env.get("INSTANCE_ROLE_ARN", "").strip(),
+            credentials_function=env.get("CREDENTIALS_FUNCTION", "").strip(),
         )

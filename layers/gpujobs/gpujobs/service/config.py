@@ -20,6 +20,10 @@ class LaunchConfig:
     """Types with a known price; a spec with `max_cost_usd` over any other type is refused."""
     job_role_arn: str = ""
     """Named in every run document: the role the bootstrap assumes for the container (none: the instance's)."""
+    credentials_function: str = ""
+    """The function the bootstrap asks for its job session (`service.job_sessions`), named in every run document."""
+    stack_name: str = ""
+    """The stack whose credentials function a run document's identity proof is for."""
     job_log_group: str = ""
     hardware: Mapping[str, InstanceHardware] = field(default_factory=dict)
     """Each type's EFA interfaces and instance store (`adapters.catalog.packaged_hardware`); an unknown type has neither."""

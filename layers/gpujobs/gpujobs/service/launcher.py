@@ -237,6 +237,8 @@ class Launcher:
         team = job.require_spec().team
         return {
             "job_role_arn": self.config.job_role_arn,
+            "credentials_function": self.config.credentials_function,
+            "stack": self.config.stack_name,
             "session_policy": session_policy_json(
                 bucket=self.config.checkpoint_bucket,
                 job_id=job.job_id,
