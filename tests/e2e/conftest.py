@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import threading
 import time
 import urllib.parse
@@ -252,11 +251,30 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _port_open(endpoint: str) -> bool:
-    parsed = urllib.parse.urlparse(endpoint)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex((parsed.hostname or "127.0.0.1", parsed.port or 80)) == 0
+def _listening_here(endpoint: str) -> bool:
+    """Whether this process still holds a listening socket on the endpoint's port.
+
+    Asking whether anything answers on the port is not enough: once the session frees it, the
+    other test worker's next local cloud may be given the same ephemeral port. What the story must
+    not leave behind is its own listener, so look for a LISTEN socket on that port among this
+    process's open files (the local cloud's servers all run in this process).
+    """
+    port = urllib.parse.urlparse(endpoint).port or 80
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{inode}]")
+    if not inodes:
+        return False
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in inodes:
+                return True
+    return False
 
 
 @pytest.fixture
@@ -283,5 +301,5 @@ def stage(tmp_path: Path, session_options: dict[str, Any]) -> Iterator[Stage]:
     assert groups, "the runner saw no process group: the story never ran an instance?"
     alive = sorted(g for g in groups if _group_alive(g))
     assert not alive, f"process groups still alive after the session closed: {alive}"
-    still_listening = [e for e in endpoints if _port_open(e)]
+    still_listening = [e for e in endpoints if _listening_here(e)]
     assert not still_listening, f"still listening after the session closed: {still_listening}"
