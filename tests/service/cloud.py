@@ -29,6 +29,7 @@ from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
+from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, LaunchRequest, QuotaExceededError
@@ -86,6 +87,9 @@ class SimulatedCloud:
     plan: FaultPlan = field(default_factory=FaultPlan)
     pending: list[Delivery] = field(default_factory=list)
     budget_has_room: bool = False
+    budget_alerts_at: list[datetime] = field(default_factory=list)
+    """When a budget alert was applied: a policy that tightens between a deadline's move and its
+    replacement's launch may land the replacement on the market the move left."""
     reclaim_at: dict[str, datetime] = field(default_factory=dict)
     steps: dict[tuple[str, int], int] = field(default_factory=dict)
     hung: set[tuple[str, int]] = field(default_factory=set)
@@ -366,6 +370,8 @@ class SimulatedCloud:
         problems += self._quota_waits_unexplained(jobs)
         problems += self._undeserved_boot_failures(jobs)
         problems += self._undeserved_config_errors(jobs)
+        problems += self._undeserved_market_failures(jobs)
+        problems += self._moves_that_went_nowhere(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         return problems
@@ -394,6 +400,43 @@ class SimulatedCloud:
                 problems.append(f"{job.job_id} failed config-error, but no such exit was reported")
             if job.job_id in self.progress_heard:
                 problems.append(f"{job.job_id} failed config-error after it had made progress")
+        return problems
+
+    @staticmethod
+    def _undeserved_market_failures(jobs: dict[str, Job]) -> list[str]:
+        """FAILED for want of a market only for a spot job past `max_interruptions`: a budget's
+        spot-only policy makes an on-demand or past-its-limit spot-first job wait, never fail."""
+        problems = []
+        for job in jobs.values():
+            if job.state is not JobState.FAILED or job.spec is None:
+                continue
+            last, spec = job.history[-1], job.require_spec()
+            if last.reason is Reason.LAUNCH_FAILED and "no market" in last.detail:
+                problems.append(f"{job.job_id} ({spec.capacity}) failed launch-failed with no market: {last.detail!r}")
+            if last.reason is Reason.INTERRUPTED_TOO_OFTEN and not (
+                spec.capacity is Capacity.SPOT and job.interruptions > spec.max_interruptions
+            ):
+                problems.append(
+                    f"{job.job_id} ({spec.capacity}) failed interrupted-too-often after {job.interruptions}"
+                    f" of max_interruptions {spec.max_interruptions}"
+                )
+        return problems
+
+    def _moves_that_went_nowhere(self, jobs: dict[str, Job]) -> list[str]:
+        """A deadline's move replaces its attempt on the other market, never on the one it left
+        (a move the budget or the spec would undo is not made: issue 19, item 6)."""
+        problems = []
+        for job in jobs.values():
+            moved_at = {e.at for e in job.history if e.reason is Reason.DEADLINE_MARKET}
+            for old, new in zip(job.attempts, job.attempts[1:], strict=False):
+                if old.interrupted_at not in moved_at or not new.instance_ids or old.market is not new.market:
+                    continue
+                if any(old.interrupted_at <= t <= new.started_at for t in self.budget_alerts_at):
+                    continue  # a policy tightened in between: the replacement follows it
+                problems.append(
+                    f"{job.job_id}: attempt {old.number} moved for its deadline, and attempt {new.number}"
+                    f" launched on the same market ({new.market})"
+                )
         return problems
 
     def _undeserved_boot_failures(self, jobs: dict[str, Job]) -> list[str]:
@@ -501,11 +544,20 @@ class SimulatedCloud:
                 lost |= {(e.job_id, e.source, e.target, e.reason, e.at) for e in fired.args[0]}
         return lost
 
+    @staticmethod
+    def _on_demand_only(job: Job) -> bool:
+        """The spec allows on-demand only now: an on-demand job, or a spot-first one past its limit."""
+        spec = job.require_spec()
+        return spec.capacity is Capacity.ON_DEMAND or (
+            spec.capacity is Capacity.SPOT_FIRST and job.interruptions >= spec.max_interruptions
+        )
+
     def _unhealthy(self, job: Job) -> str | None:
         policy = self.world.budgets.policy_for(job.team)
         held = policy.mode is BudgetMode.HOLD
         if job.state is JobState.QUEUED:
-            return None if held else "still queued with capacity back"
+            waits = held or (policy.mode is BudgetMode.SPOT_ONLY and self._on_demand_only(job))
+            return None if waits else "still queued with capacity back"
         if job.state is not JobState.RUNNING:
             return "stuck"
         if job.stop_request is not None and self.now >= job.stop_request.deadline + RECONCILE_EVERY:

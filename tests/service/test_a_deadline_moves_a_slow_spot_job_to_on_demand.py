@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.job import Market
 from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
@@ -46,3 +47,28 @@ def test_a_spot_attempt_without_slack_left_moves_to_on_demand(world: World) -> N
     world.clock.advance(seconds=int(timedelta(minutes=6).total_seconds()))
     world.reconciler.run()
     assert all(world.compute.instances[i].state != "running" for i in spot.instance_ids)
+
+
+def test_under_a_spot_only_budget_a_slow_spot_attempt_is_not_moved_tick_after_tick(world: World) -> None:
+    """Issue 19, item 6: the move would launch its replacement on spot again (the budget allows
+    nothing else), and the next tick would move that one: 31 gangs in 30 min. No move: it trains on."""
+    job = world.submit(spec(deadline=DEADLINE, team="vision")).job
+    spot = world.store.get(job.job_id).current_attempt
+    assert spot is not None
+    assert spot.market is Market.SPOT
+    world.budget_reactions.apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
+    world.clock.advance(seconds=6 * 3600)
+    world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=250))  # too slow: it would move
+
+    moves = 0
+    for tick in range(15):  # 30 minutes of reconciler ticks, the trainer still too slow
+        world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=250 + tick))
+        moves += world.reconciler.run().repairs["deadline market moves"]
+        world.clock.advance(seconds=120)
+
+    assert moves == 0
+    kept = world.store.get(job.job_id)
+    assert kept.state is JobState.RUNNING
+    assert [a.market for a in kept.attempts] == [Market.SPOT]
+    assert world.signaller.signals == []
+    assert all(world.compute.instances[i].state == "running" for i in spot.instance_ids)

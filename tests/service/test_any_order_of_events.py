@@ -2,7 +2,7 @@
 
 Hypothesis plays random sequences against the service layer wired to the in-memory fakes
 (`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
-invocations with little time left (a walk cut short mid-ladder), spot warnings and
+invocations with little time left (a walk cut short mid-ladder), deadlines and their market moves, spot warnings and
 reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and configuration errors; heartbeats held back while
 the Reports function is throttled), instance state changes
 delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler runs,
@@ -36,6 +36,8 @@ SPECS: tuple[dict[str, Any], ...] = (
     spec(nodes=2, instance_types=["p4d.24xlarge", "g5.xlarge"]),
     spec(capacity="on-demand", max_runtime_minutes=90, idle={"for_minutes": 10}),
     spec(capacity="spot", max_interruptions=1, team="ml"),
+    spec(max_interruptions=1),
+    spec(deadline={"hours": 10, "expected_hours": 6, "total_steps": 600}, max_interruptions=2, team="ml"),
     spec(capacity="on-demand", gpus_per_node=0, instance_types=["c7i.large"], max_attempts=1),
     spec(client_token="nightly", team="ml", max_cost_usd=2.0, instance_types=["g6.xlarge", "g5.xlarge"]),
     spec(nodes=3, capacity="spot", team="ml", idle={"action": "ignore"}),
@@ -196,6 +198,7 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
     # ---- budgets, time, the reconciler, faults --------------------------------------------------------
     @rule(scope=st.sampled_from(SCOPES), mode=st.sampled_from([BudgetMode.SPOT_ONLY, BudgetMode.HOLD]))
     def budget_alert(self, scope: str, mode: BudgetMode) -> None:
+        self.cloud.budget_alerts_at.append(self.cloud.now)
         self.cloud.attempt(lambda: self.cloud.budgets.apply(scope, mode, f"{mode} alert for {scope}"))
 
     @rule(room=st.booleans())

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy
+from gpujobs.domain.job import Market
+from gpujobs.domain.launching import claim_launch
 from gpujobs.domain.reports import CheckpointReport
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.budgeting import BudgetReactions
@@ -172,3 +174,99 @@ def test_the_reconciler_holds_a_queued_job_of_a_held_scope_instead_of_launching_
     assert held.hold_reason is not None
     assert "ACTUAL $120 > $100" in held.hold_reason
     assert world.compute.live() == []
+
+
+# ---- a spot-only policy and jobs that may not use spot now (issue 19, item 5) ----------------
+
+
+def test_an_on_demand_job_under_a_spot_only_forecast_waits_held_and_launches_when_the_period_rolls_over(
+    world: World,
+) -> None:
+    budget_function(world).apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
+
+    job = world.submit(spec(team="vision", capacity="on-demand")).job
+    for _ in range(3):  # ticks while the forecast holds: the job waits, it is never failed or relaunched
+        world.clock.advance(minutes=10)
+        world.reconciler.run()
+
+    held = world.store.get(job.job_id)
+    assert held.state is JobState.QUEUED
+    assert held.history[-1].reason is Reason.BUDGET_HOLD
+    assert held.hold_reason is not None
+    assert "spot-only" in held.hold_reason
+    assert "FORECASTED $130 > $100" in held.hold_reason
+    assert world.compute.calls == []
+    assert [h.reason for h in held.history].count(Reason.BUDGET_HOLD) == 1  # one transition, not one per tick
+    world.clock.advance(days=2)  # 2026-12-01: November's forecast has lapsed
+    world.reconciler.run()
+    world.reconciler.run()
+    launched = world.store.get(job.job_id)
+    assert launched.state is JobState.RUNNING
+    assert launched.current_attempt is not None
+    assert launched.current_attempt.market is Market.ON_DEMAND
+
+
+def test_a_spot_first_job_past_max_interruptions_under_a_spot_only_forecast_waits_instead_of_failing(
+    world: World,
+) -> None:
+    job = world.submit(spec(team="vision", max_interruptions=1)).job
+    assert job.current_attempt is not None
+    assert job.current_attempt.market is Market.SPOT
+    budget_function(world).apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
+
+    (iid,) = job.instance_ids
+    world.reactions.spot_warning(iid)  # its limit: on-demand only from now, and the budget says spot only
+    world.reconciler.run()
+
+    held = world.store.get(job.job_id)
+    assert held.state is JobState.QUEUED
+    assert held.hold_reason is not None
+    assert "spot-only" in held.hold_reason
+    assert all(c.market is Market.SPOT for c in world.compute.calls)
+    assert not any(h.target is JobState.FAILED for h in held.history)
+    world.clock.advance(days=2)
+    world.reconciler.run()
+    world.reconciler.run()
+    resumed = world.store.get(job.job_id)
+    assert resumed.state is JobState.RUNNING
+    assert resumed.current_attempt is not None
+    assert resumed.current_attempt.market is Market.ON_DEMAND
+
+
+def test_a_spot_job_past_max_interruptions_under_a_spot_only_forecast_still_fails_for_its_interruptions(
+    world: World,
+) -> None:
+    budget_function(world).apply("vision", BudgetMode.SPOT_ONLY, "FORECASTED $130 > $100")
+    job = world.submit(spec(team="vision", capacity="spot", max_interruptions=0)).job
+    (iid,) = job.instance_ids
+
+    world.reactions.spot_warning(iid)
+
+    failed = world.store.get(job.job_id)
+    assert failed.state is JobState.FAILED
+    assert failed.history[-1].reason is Reason.INTERRUPTED_TOO_OFTEN
+
+
+def test_a_walk_that_finds_spot_only_in_force_for_an_on_demand_job_ends_it_queued_for_the_budget(
+    world: World,
+) -> None:
+    """The walk judges its markets a moment after the claim did (a deadline's markets move with the
+    clock): when only the budget's spot-only leaves it no rung, the job waits; it is not failed."""
+    world.compute.refuse = {
+        (t, z, "on-demand"): "InsufficientInstanceCapacity"
+        for t in ("g5.xlarge", "g6.xlarge")
+        for z in ("us-east-1a", "us-east-1b")
+    }
+    job = world.submit(spec(team="vision", capacity="on-demand")).job
+    assert job.state is JobState.QUEUED
+    assert job.next_try_at is not None
+    world.compute.refuse = {}
+    world.clock.advance(hours=1)
+    claimed = world.service.change(job.job_id, lambda j: claim_launch(j, now=world.clock.now(), hold=None)).after
+    assert claimed.state is JobState.LAUNCHING
+
+    walked = world.service._launcher.walk(claimed, spot_only=True)
+
+    assert walked.state is JobState.QUEUED
+    assert walked.history[-1].reason is Reason.BUDGET_HOLD
+    assert "spot-only" in walked.status_detail

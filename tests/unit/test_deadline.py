@@ -20,7 +20,7 @@ from gpujobs.domain.deadline import (
 )
 from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint
 from gpujobs.domain.job import Attempt, Job, Market, StopRequest
-from gpujobs.domain.ladder import SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.ladder import SubnetZone, movable_markets, next_try_at, plan_ladder
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState, Reason
@@ -30,6 +30,7 @@ DEADLINE = {"hours": 52, "expected_hours": 48, "total_steps": 4800}
 """48 h of work, 100 steps an hour, due 52 h after submission; checkpoints every 30 min, so one
 changeover is 8 + 1 + 30 = 39 min and the job must go on-demand once less than 48 h + 78 min remain."""
 SUBNETS = [SubnetZone("subnet-a", "us-east-1a")]
+BOTH = (Market.SPOT, Market.ON_DEMAND)
 
 
 def job(*, step: int | None = None, **spec: object) -> Job:
@@ -181,7 +182,7 @@ def test_an_on_demand_attempt_goes_back_to_spot_only_well_ahead_of_schedule(
 
 def test_moving_market_checkpoints_and_replaces_the_attempt_without_counting_an_interruption() -> None:
     ahead = on_demand_ahead(heartbeat_step=1100, hours=10)
-    decision = move_market(ahead, now=at(10))
+    decision = move_market(ahead, now=at(10), allowed=BOTH)
     assert decision.outcome is Outcome.MARKET_CHANGED
     assert decision.job is not None
     assert decision.job.state is JobState.INTERRUPTED
@@ -195,8 +196,30 @@ def test_moving_market_checkpoints_and_replaces_the_attempt_without_counting_an_
 
 
 def test_a_job_on_schedule_or_stopping_is_not_moved() -> None:
-    assert move_market(on_demand_ahead(heartbeat_step=1000, hours=10), now=at(10)).job is None
+    assert move_market(on_demand_ahead(heartbeat_step=1000, hours=10), now=at(10), allowed=BOTH).job is None
     stopping = on_demand_ahead(heartbeat_step=1100, hours=10).model_copy(
         update={"stop_request": StopRequest(reason=Reason.IDLE, requested_at=at(10), deadline=at(11))}
     )
-    assert move_market(stopping, now=at(10)).outcome is Outcome.NOT_RUNNING
+    assert move_market(stopping, now=at(10), allowed=BOTH).outcome is Outcome.NOT_RUNNING
+
+
+def test_a_move_to_a_market_no_launch_may_use_now_is_not_made_and_the_attempt_trains_on() -> None:
+    """Issue 19, item 6: a move whose replacement would land on the market it left (a budget's
+    spot-only, a spot-first job past max_interruptions) or nowhere (a budget hold) is no move."""
+    ahead = on_demand_ahead(heartbeat_step=1100, hours=10)  # wants to go back to spot
+    past_limit = ahead.model_copy(update={"interruptions": 5})  # spot-first's default max_interruptions
+    assert movable_markets(ahead, spot_only=False, hold=False) == [Market.SPOT, Market.ON_DEMAND]
+    assert movable_markets(past_limit, spot_only=False, hold=False) == [Market.ON_DEMAND]
+    assert movable_markets(ahead, spot_only=True, hold=False) == [Market.SPOT]
+    assert movable_markets(ahead, spot_only=False, hold=True) == []
+
+    kept = move_market(past_limit, now=at(10), allowed=movable_markets(past_limit, spot_only=False, hold=False))
+    assert kept.outcome is Outcome.NOTHING_TO_DECIDE
+    assert kept.job is None
+    assert kept.effects == ()
+    assert "wants spot" in kept.detail
+    held = move_market(ahead, now=at(10), allowed=movable_markets(ahead, spot_only=False, hold=True))
+    assert held.job is None
+    assert held.effects == ()
+    moved = move_market(ahead, now=at(10), allowed=movable_markets(ahead, spot_only=True, hold=False))
+    assert moved.outcome is Outcome.MARKET_CHANGED  # spot is what spot-only allows

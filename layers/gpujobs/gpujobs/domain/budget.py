@@ -11,6 +11,11 @@ one only when it is at least as strict, or when the stored one belongs to an ear
 two racing functions writes last, because the store applies the rule as a conditional write. And
 only a hold is ever lifted early, when the budget has room again (`lifts_early`); spot-only after
 a forecast lasts until its period rolls over, since a forecast says nothing a raised limit undoes.
+
+A policy holds a job's launches (`launch_hold`) when it is a hold, and also when it is spot-only
+and the job may launch on on-demand only now (an on-demand spec, or a spot-first one past
+`max_interruptions`): such a job waits, QUEUED with the reason, until the policy allows a market,
+rather than failing for a market its spec never lacked.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from datetime import date, datetime
 from enum import StrEnum
 
 from gpujobs.contract import ALL_TEAMS_SCOPE, budget_name
+from gpujobs.domain.job import Job
 from gpujobs.domain.spec import TEAM_PATTERN
 
 ALL_SCOPE = ALL_TEAMS_SCOPE
@@ -78,6 +84,30 @@ def lifted(policy: BudgetPolicy) -> BudgetPolicy:
 def hold_over(team: str, policies: Iterable[BudgetPolicy]) -> BudgetPolicy | None:
     """The hold among `policies` that covers a team's jobs (its own scope's, or the stack-wide one)."""
     return next((p for p in policies if p.mode is BudgetMode.HOLD and p.scope in (team, ALL_SCOPE)), None)
+
+
+def launch_hold(job: Job, policy: BudgetPolicy, *, now: datetime) -> str | None:
+    """Why `policy` (the strictest over the job's team) holds the job's next launch; None when it does not.
+
+    A hold holds every launch. Spot-only holds a launch whose spec allows a market now but not
+    spot: the job waits for the policy to lapse instead of failing with no market. A job whose
+    spec allows no market at all (a spot job past `max_interruptions`) is not held: it has failed.
+    The reason names the policy only, so that it reads the same on every tick while it holds.
+    """
+    if policy.mode is BudgetMode.HOLD:
+        return f"budget hold ({policy.scope}): {policy.reason}".strip()
+    if policy.mode is not BudgetMode.SPOT_ONLY:
+        return None
+    # Launch-only modules, loaded only while a spot-only policy is in force (every handler imports this one).
+    from gpujobs.domain.deadline import launch_markets
+    from gpujobs.domain.ladder import markets_for
+
+    spec = job.require_spec()
+    deadline = launch_markets(job, now=now)
+    allowed = markets_for(spec, interruptions=job.interruptions, deadline=deadline)
+    if not allowed or markets_for(spec, interruptions=job.interruptions, spot_only=True, deadline=deadline):
+        return None
+    return f"budget spot-only ({policy.scope}): {policy.reason}; this job may launch on on-demand only".strip()
 
 
 def strictest(policies: Iterable[BudgetPolicy | None], team: str) -> BudgetPolicy:

@@ -25,6 +25,7 @@ decides nothing here: today's `capacity` rules apply unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -149,10 +150,15 @@ def may_return_to_spot(job: Job, *, now: datetime) -> bool:
     return standing.slack > margin and _lead(job, spec.deadline, standing, now=now) >= margin
 
 
-def move_market(job: Job, *, now: datetime) -> Decision:
+def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Decision:
     """Checkpoint the running attempt and replace it on the market the deadline needs, as a reclaim
     is replaced: the replacement waits for this attempt's save, the reconciler takes its instances
-    after the warning window. Not counted as an interruption (no spot pool took it)."""
+    after the warning window. Not counted as an interruption (no spot pool took it).
+
+    `allowed` is what a launch may use now apart from the deadline (`ladder.movable_markets`: the
+    spec past its interruptions, the budget's policy). A move to a market outside it would launch
+    the replacement on the market it left, tick after tick: there is no move then, and the attempt
+    trains on where it is."""
     attempt = job.current_attempt
     if job.state is not JobState.RUNNING or job.stop_request is not None or attempt is None:
         return ignore(Outcome.NOT_RUNNING)
@@ -162,6 +168,8 @@ def move_market(job: Job, *, now: datetime) -> Decision:
         target = Market.SPOT
     else:
         return ignore(Outcome.NOTHING_TO_DECIDE)
+    if target not in allowed:
+        return ignore(Outcome.NOTHING_TO_DECIDE, f"the deadline wants {target.value}, which a launch may not use now")
     standing = slack_of(job, now=now, step=attempt.heartbeat_step)
     assert standing is not None
     detail = f"deadline slack {standing.slack.total_seconds() / 3600:.1f} h: checkpoint and move to {target.value}"

@@ -61,6 +61,15 @@ def markets_for(
     return markets
 
 
+def movable_markets(job: Job, *, spot_only: bool, hold: bool) -> list[Market]:
+    """The markets a deadline's move may go to now: what the spec allows past its interruptions and
+    the budget allows (spot only under a forecast, nothing under a hold); the deadline's own
+    narrowing is what asks for the move, so it is left out here."""
+    if hold:
+        return []
+    return markets_for(job.require_spec(), interruptions=job.interruptions, spot_only=spot_only)
+
+
 def plan_ladder(
     spec: JobSpec,
     subnets: Sequence[SubnetZone],

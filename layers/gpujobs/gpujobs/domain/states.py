@@ -86,11 +86,15 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(Q, L, Reason.LAUNCH_STARTED, "capacity is being requested for a new attempt"),
     Transition(Q, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
     Transition(Q, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
-    Transition(Q, Q, Reason.BUDGET_HOLD, "the team's budget is exhausted; launches are held"),
+    Transition(
+        Q, Q, Reason.BUDGET_HOLD, "a budget hold, or spot-only while the job may launch on-demand only; launches wait"
+    ),
     Transition(L, R, Reason.INSTANCES_LAUNCHED, "RunInstances returned the whole gang"),
     Transition(L, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
     Transition(L, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
-    Transition(L, Q, Reason.BUDGET_HOLD, "the budget was exhausted before the launch"),
+    Transition(
+        L, Q, Reason.BUDGET_HOLD, "a budget hold (or spot-only, for an on-demand launch) came before the launch"
+    ),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
     Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
@@ -114,7 +118,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(INT, JobState.SUCCEEDED, Reason.COMPLETED, "the reclaimed attempt finished before any replacement"),
     Transition(INT, Q, Reason.NO_CAPACITY, "no pool had capacity for the replacement; retry later"),
     Transition(INT, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the replacement; retry later"),
-    Transition(INT, Q, Reason.BUDGET_HOLD, "the budget is exhausted; the replacement is held"),
+    Transition(
+        INT, Q, Reason.BUDGET_HOLD, "a budget hold (or spot-only, for an on-demand replacement): the replacement waits"
+    ),
     Transition(INT, JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN, "spot-only job past max_interruptions"),
     *(Transition(s, JobState.CANCELLED, Reason.USER_CANCELLED, "a user cancelled the job") for s in _ACTIVE),
     *(

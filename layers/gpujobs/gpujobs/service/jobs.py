@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.budget import BudgetMode, BudgetPolicy, launch_hold
 from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.job import JOB_ID, Job, job_id_for
@@ -163,13 +163,22 @@ class JobService:
     # ---- launch ---------------------------------------------------------------------------
     def launch(self, job_id: str) -> Job:
         """Start (or take over) a launch for a job that is due one; a no-op for any other job."""
-        applied = self.change(job_id, lambda job: claim_launch(job, now=self.ports.clock.now(), hold=self._hold(job)))
+        policies: dict[str, BudgetPolicy] = {}  # one read of the team's policy: the claim and the walk judge alike
+
+        def policy(job: Job) -> BudgetPolicy:
+            if job.team not in policies:
+                policies[job.team] = self.ports.budgets.policy_for(job.team)
+            return policies[job.team]
+
+        def hold(job: Job) -> str | None:
+            """Why the budget holds this job's launches (`domain.budget.launch_hold`), or None."""
+            return None if job.spec is None else launch_hold(job, policy(job), now=self.ports.clock.now())
+
+        applied = self.change(job_id, lambda job: claim_launch(job, now=self.ports.clock.now(), hold=hold(job)))
         owned = applied.after
         if applied.decision.outcome is not Outcome.LAUNCH_CLAIMED:  # not due, or held by the budget
             return owned
-        return self._launcher.walk(
-            owned, spot_only=self.ports.budgets.policy_for(owned.team).mode is BudgetMode.SPOT_ONLY
-        )
+        return self._launcher.walk(owned, spot_only=policy(owned).mode is BudgetMode.SPOT_ONLY)
 
     @functools.cached_property
     def _launcher(self) -> Launcher:
@@ -178,13 +187,6 @@ class JobService:
         from gpujobs.service.launcher import Launcher
 
         return Launcher(ports=self.ports, config=self.config, jobs=self)
-
-    def _hold(self, job: Job) -> str | None:
-        """Why the budget holds this job's launches, or None when it does not."""
-        policy = self.ports.budgets.policy_for(job.team) if job.spec else None
-        if policy is None or policy.mode is not BudgetMode.HOLD:
-            return None
-        return f"budget hold ({policy.scope}): {policy.reason}".strip()
 
     # ---- cancel ---------------------------------------------------------------------------
     def _cancel_from(self, sender: str | None, job_id: object) -> Job:

@@ -25,7 +25,14 @@ from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_ov
 from gpujobs.domain.hardware import efa_interfaces
 from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
 from gpujobs.domain.job_access import session_policy_json, session_tags
-from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED, Rung, SubnetZone, next_try_at, plan_ladder
+from gpujobs.domain.ladder import (
+    PLACEMENT_GROUP_LIMIT_EXCEEDED,
+    Rung,
+    SubnetZone,
+    markets_for,
+    next_try_at,
+    plan_ladder,
+)
 from gpujobs.domain.launching import LAUNCH_LEASE, Gang, end_launch, pause_launch, record_launch
 from gpujobs.domain.quotas import QuotaRefusal, is_quota_refusal, quota_detail, quota_refused_pools, refused_by_quota
 from gpujobs.domain.rundoc import RunDocumentPointer, run_document
@@ -109,13 +116,14 @@ class Launcher:
                 return self.ports.store.get(job.job_id)
             return self.walk(restarted, spot_only=spot_only)
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.ports.compute.subnets()]
+        markets = launch_markets(job, now=self.ports.clock.now())
         ladder = plan_ladder(
             spec,
             subnets,
             interruptions=job.interruptions,
             avoid_pool=_reclaimed_pool(job),
             spot_only=spot_only,
-            deadline=launch_markets(job, now=self.ports.clock.now()),
+            deadline=markets,
         )
         user_data = self._user_data(job, attempt)
         security_group = self.ports.compute.job_security_group(job.job_id) if ladder else None
@@ -145,6 +153,15 @@ class Launcher:
                 tries.append(_try(rung, exc.code, exc.message, self.ports.clock.now()))
                 return self._end_launch(job, tries, JobState.FAILED, Reason.LAUNCH_FAILED, f"{exc.code}: {exc.message}")
             return self._record_launched(job, launched, subnet_id=rung.subnet_id, tries=tuple(tries))
+        if not ladder and spot_only and markets_for(spec, interruptions=job.interruptions, deadline=markets):
+            # The budget's spot-only policy came between the claim and this walk: wait for it, never fail.
+            return self._end_launch(
+                job,
+                tries,
+                JobState.QUEUED,
+                Reason.BUDGET_HOLD,
+                "budget spot-only: this job may launch on on-demand only",
+            )
         if not ladder:
             return self._end_launch(
                 job, tries, JobState.FAILED, Reason.LAUNCH_FAILED, "no market is allowed by the spec"

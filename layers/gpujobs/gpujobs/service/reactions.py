@@ -84,9 +84,15 @@ class Reactions:
 
     def keep_deadline(self, job_id: str) -> Reaction:
         """Move a running job with a deadline to the market it needs, if it needs another."""
-        from gpujobs.domain import deadline  # the reconciler's only: no event handler loads it
+        from gpujobs.domain import deadline, ladder  # the reconciler's only: no event handler loads them
+        from gpujobs.domain.budget import BudgetMode
 
-        return self._react(job_id, lambda job, now: deadline.move_market(job, now=now))
+        def decide(job: Job, now: datetime) -> Decision:
+            mode = self.ports.budgets.policy_for(job.team).mode
+            allowed = ladder.movable_markets(job, spot_only=mode is BudgetMode.SPOT_ONLY, hold=mode is BudgetMode.HOLD)
+            return deadline.move_market(job, now=now, allowed=allowed)
+
+        return self._react(job_id, decide)
 
     def rebalance(self, instance_id: str) -> Reaction:
         """A proactive checkpoint; no relaunch unless a warning follows."""
