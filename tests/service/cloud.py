@@ -215,13 +215,14 @@ class SimulatedCloud:
             ),
             "exit": lambda j, a, i, c: reactions.report(ExitReport(job_id=j, attempt=a, instance_id=i, exit_code=c)),
         }
+        if event.kind == "exit" and event.args[3] in MISCONFIGURED_EXIT_CODES:
+            # Reported, even if the handler then fails: a fault after its write still leaves the verdict recorded.
+            self.config_exits_heard.add(event.args[0])
         handled = handlers[event.kind](*event.args)
         if event.kind in ("heartbeat", "checkpoint", "exit") and not getattr(handled, "ignored", True):
             self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
             if event.kind != "exit":
                 self.progress_heard.add(event.args[0])
-            elif event.args[3] in MISCONFIGURED_EXIT_CODES:
-                self.config_exits_heard.add(event.args[0])
         return handled
 
     # ---- EC2 ----------------------------------------------------------------------------------
