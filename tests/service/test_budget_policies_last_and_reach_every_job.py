@@ -179,6 +179,16 @@ def test_the_reconciler_holds_a_queued_job_of_a_held_scope_instead_of_launching_
 # ---- a spot-only policy and jobs that may not use spot now (issue 19, item 5) ----------------
 
 
+def launches_on_demand_once_the_forecast_lapses(world: World, job_id: str) -> None:
+    world.clock.advance(days=2)  # 2026-12-01: November's forecast has lapsed
+    world.reconciler.run()
+    world.reconciler.run()
+    launched = world.store.get(job_id)
+    assert launched.state is JobState.RUNNING
+    assert launched.current_attempt is not None
+    assert launched.current_attempt.market is Market.ON_DEMAND
+
+
 def test_an_on_demand_job_under_a_spot_only_forecast_waits_held_and_launches_when_the_period_rolls_over(
     world: World,
 ) -> None:
@@ -197,13 +207,7 @@ def test_an_on_demand_job_under_a_spot_only_forecast_waits_held_and_launches_whe
     assert "FORECASTED $130 > $100" in held.hold_reason
     assert world.compute.calls == []
     assert [h.reason for h in held.history].count(Reason.BUDGET_HOLD) == 1  # one transition, not one per tick
-    world.clock.advance(days=2)  # 2026-12-01: November's forecast has lapsed
-    world.reconciler.run()
-    world.reconciler.run()
-    launched = world.store.get(job.job_id)
-    assert launched.state is JobState.RUNNING
-    assert launched.current_attempt is not None
-    assert launched.current_attempt.market is Market.ON_DEMAND
+    launches_on_demand_once_the_forecast_lapses(world, job.job_id)
 
 
 def test_a_spot_first_job_past_max_interruptions_under_a_spot_only_forecast_waits_instead_of_failing(
@@ -224,13 +228,7 @@ def test_a_spot_first_job_past_max_interruptions_under_a_spot_only_forecast_wait
     assert "spot-only" in held.hold_reason
     assert all(c.market is Market.SPOT for c in world.compute.calls)
     assert not any(h.target is JobState.FAILED for h in held.history)
-    world.clock.advance(days=2)
-    world.reconciler.run()
-    world.reconciler.run()
-    resumed = world.store.get(job.job_id)
-    assert resumed.state is JobState.RUNNING
-    assert resumed.current_attempt is not None
-    assert resumed.current_attempt.market is Market.ON_DEMAND
+    launches_on_demand_once_the_forecast_lapses(world, job.job_id)
 
 
 def test_a_spot_job_past_max_interruptions_under_a_spot_only_forecast_still_fails_for_its_interruptions(
