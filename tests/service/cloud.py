@@ -27,6 +27,7 @@ from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXI
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.launching import LEASE_MARGIN
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
@@ -65,9 +66,15 @@ def item_bytes(job: Job) -> int:
     return item_size(job_item(job))
 
 
+FAKE_MODULES = frozenset({"gpujobs_fakes.memory", "gpujobs_fakes.recording"})
+"""Where the in-memory fakes live. The recording ones (publisher, alarms, signaller, budgets, quotas,
+prices, blobs, report keys) moved to their own module in a refactor and, while this named only the
+first, were never faulted: every call of theirs is a call that can fail."""
+
+
 def is_fake(value: object) -> bool:
     """A port implemented by the in-memory fakes (the clock is time itself, never faulted)."""
-    return type(value).__module__ == "gpujobs_fakes.memory" and not isinstance(value, FixedClock)
+    return type(value).__module__ in FAKE_MODULES and not isinstance(value, FixedClock)
 
 
 @dataclass
@@ -119,6 +126,10 @@ class SimulatedCloud:
     """Jobs of which the control plane acted on a heartbeat or a checkpoint, in any attempt."""
     config_exits_heard: set[str] = field(default_factory=set)
     """Jobs of which it acted on an exit with a configuration error's code."""
+    signals_answered: int = 0
+    """How many of the signaller's checkpoint-now calls the trainers have answered (each that reached
+    its instances: a call that failed after SSM took it counts, one that failed before does not)."""
+    quiet_since: datetime | None = None
 
     def __post_init__(self) -> None:
         world = self.world
@@ -147,6 +158,7 @@ class SimulatedCloud:
             action()
         except InjectedFaultError:
             self.faults_absorbed += 1
+            self._leases_past_the_invocation(leases)
             return False
         finally:
             self.observe()
@@ -157,6 +169,18 @@ class SimulatedCloud:
                 if lease > self.now and leases.get(job_id) != lease
             ]
         return True
+
+    def _leases_past_the_invocation(self, before: dict[str, datetime]) -> None:
+        """A handler killed mid-walk holds the launches it claimed no longer than its invocation
+        could have lived (Lambda ends it at its deadline): the next tick after takes them over."""
+        if self.invocation_seconds is None:
+            return
+        end = self.now + timedelta(seconds=self.invocation_seconds) + LEASE_MARGIN
+        self.leases_left_held += [
+            f"{job_id}: a walk killed mid-way holds the launch lease until {lease}, past its invocation's end {end}"
+            for job_id, lease in self._leases().items()
+            if lease > end and before.get(job_id) != lease
+        ]
 
     def _reports_throttled_at(self, now: datetime) -> datetime | None:
         at = self.throttled_at
@@ -270,12 +294,19 @@ class SimulatedCloud:
         self.pending.append(Delivery("warning", (instance_id,)))
 
     def observe(self) -> None:
-        """EC2 reports every instance state change it made (the handlers ignore all but the ends)."""
+        """EC2 reports every instance state change it made (the handlers ignore all but the ends);
+        a trainer that got checkpoint-now saves and reports the commit."""
         for iid, fake in self.world.compute.instances.items():
             if self.seen_state.get(iid) != fake.state:
                 self.seen_state[iid] = fake.state
                 if fake.state not in UP_STATES:
                     self.pending.append(Delivery("state", (iid, fake.state)))
+        signals = self.world.signaller.signals
+        for instance_ids, _container in signals[self.signals_answered :]:
+            for gang, nodes in self.gangs().items():
+                if gang not in self.hung and set(nodes).intersection(instance_ids):
+                    self.checkpoint(gang)
+        self.signals_answered = len(signals)
 
     # ---- trainers -------------------------------------------------------------------------------
     def progress(self, gang: tuple[str, int], by: int) -> int:
@@ -326,6 +357,7 @@ class SimulatedCloud:
     def quiet(self) -> None:
         """The calm after the storm: no faults, capacity back, every event delivered, time past every grace."""
         self.plan.disarm_all()
+        self.quiet_since = self.now
         self.reports_throttled = False
         self.refused.clear()
         self.invocation_seconds = None
@@ -493,6 +525,7 @@ class SimulatedCloud:
         problems: list[str] = []
         jobs = self.jobs()
         wanted: set[str] = set()
+        problems += [problem for job in jobs if (problem := self._stopped_with_an_old_checkpoint(job))]
         for job in jobs:
             if job.state.is_terminal:
                 continue
@@ -544,6 +577,25 @@ class SimulatedCloud:
             elif (fired.port, fired.method) == ("publisher", "publish"):
                 lost |= {(e.job_id, e.source, e.target, e.reason, e.at) for e in fired.args[0]}
         return lost
+
+    def _stopped_with_an_old_checkpoint(self, job: Job) -> str | None:
+        """A policy stop whose trainer answers checkpoint-now takes its instances only after a commit
+        newer than its request, if the quiet left it time for one: its checkpoint-now is sent again
+        (a failed SendCommand, a death after the stop's write) until that commit is recorded."""
+        request, attempt = job.stop_request, job.current_attempt
+        if request is None or request.executed_at is None or attempt is None or self.quiet_since is None:
+            return None
+        if not job.require_spec().checkpoint.takes_checkpoint_requests or (job.job_id, attempt.number) in self.hung:
+            return None
+        if request.deadline <= self.quiet_since + RECONCILE_EVERY:
+            return None  # its deadline came before the quiet's first tick could ask again
+        before = request.checkpoint_step_at_request
+        if job.checkpoint_step is not None and (before is None or job.checkpoint_step > before):
+            return None
+        return (
+            f"{job.job_id}: its {request.reason} stop took the instances at {request.executed_at} with the "
+            f"checkpoint from before its request (step {before}), though its trainer answers every checkpoint-now"
+        )
 
     @staticmethod
     def _on_demand_only(job: Job) -> bool:

@@ -272,3 +272,27 @@ def test_a_replacements_configuration_error_after_its_predecessor_trained_is_no_
     assert not cloud.violations()
     [job] = cloud.jobs()
     assert job.state is not JobState.FAILED
+
+
+def test_a_stop_whose_checkpoint_now_failed_waits_for_the_commit_its_trainer_makes_when_asked_again() -> None:
+    """A sequence the proof covers since the recording fakes are faulted too: the idle stop's one
+    SendCommand fails, and the stop must not take the instances with the checkpoint from before it."""
+    cloud = SimulatedCloud()
+    cloud.submit(json.dumps(spec()), "msg-0")
+    cloud.deliver_all()
+    [gang] = cloud.gangs()
+    cloud.checkpoint(gang)
+    cloud.deliver_all()
+    cloud.plan.arm("signaller", "checkpoint_now", FAULT_TIMINGS[0])
+    cloud.idle_alarm(cloud.gangs()[gang][0])
+    cloud.deliver_all()
+    assert cloud.plan.fired, "the fault did not fire"
+
+    cloud.quiet()
+
+    assert not cloud.violations() + cloud.unhealthy()
+    [job] = cloud.jobs()
+    assert job.state is JobState.STOPPED
+    assert job.stop_request is not None
+    assert job.checkpoint_step is not None
+    assert job.checkpoint_step > (job.stop_request.checkpoint_step_at_request or 0)

@@ -10,7 +10,10 @@ the second time.
 
 Effects that matter for money are level-triggered: while a due policy stop still has live
 instances on record, every settle issues the Stop/Terminate again, so a failed call is retried by
-the next event or reconciler tick instead of being forgotten behind `executed_at`.
+the next event or reconciler tick instead of being forgotten behind `executed_at`. So is the stop's
+checkpoint-now: while a stop waits for a commit newer than its request, a settle re-sends it once
+`CHECKPOINT_RESEND_INTERVAL` has passed since the last one, so a death after the stop's write or one
+failed SendCommand costs minutes, not the steps trained since the last commit.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ from gpujobs.domain.spec import IdleAction
 from gpujobs.domain.states import JobState, Reason
 
 REBALANCE_SIGNAL_INTERVAL = timedelta(minutes=5)
+CHECKPOINT_RESEND_INTERVAL = timedelta(minutes=2)
+"""A pending stop's checkpoint-now is sent again when no newer commit is recorded this long after the
+last one was sent: two reconciler ticks, well inside the stop's 10 min. A request that reaches a
+trainer while it saves is served by that save (the trainer coalesces them), so one sent again
+while the first is being answered costs nothing."""
 HEARTBEAT_RECORD_INTERVAL = timedelta(seconds=30)
 """An attempt's heartbeats are written at most once per this (or per its own period, if shorter)."""
 RATE_LIMITED_METRIC = "ReportsRateLimited"
@@ -275,12 +283,17 @@ def settle(job: Job, *, now: datetime) -> Decision:
     changed, stop_effects, stop_note = _carry_out_stop(changed, now)
     effects += stop_effects
     notes += [stop_note] if stop_note else []
+    settled_anything = changed is not job or bool(effects)
+    changed, resent = _resend_stop_checkpoint(changed, now)
+    effects += resent
     record = None if changed is job else changed
     if record is None and not effects:
         return ignore(Outcome.NOTHING_TO_DECIDE)
     if relaunch or changed.state in (JobState.QUEUED, JobState.INTERRUPTED):
         effects.append(Launch(job.job_id))
-    return Decision(Outcome.SETTLED, record, tuple(effects), "; ".join(notes), _settle_metrics(job, changed))
+    notes += ["checkpoint-now sent again: no commit newer than the stop's request yet"] if resent else []
+    outcome = Outcome.SETTLED if settled_anything else Outcome.CHECKPOINT_RESENT
+    return Decision(outcome, record, tuple(effects), "; ".join(notes), _settle_metrics(job, changed))
 
 
 def _carry_out_stop(job: Job, now: datetime) -> tuple[Job, tuple[Effect, ...], str]:
@@ -298,6 +311,23 @@ def _carry_out_stop(job: Job, now: datetime) -> tuple[Job, tuple[Effect, ...], s
     if attempt.market is Market.ON_DEMAND:
         return job, (Stop(live),), f"stopping {len(live)} on-demand instance(s) for {request.reason.value}"
     return job, (Terminate(live),), f"terminating {len(live)} spot instance(s) for {request.reason.value}"
+
+
+def _resend_stop_checkpoint(job: Job, now: datetime) -> tuple[Job, tuple[Effect, ...]]:
+    """The checkpoint-now of a stop still waiting for its commit, again, if the last was sent
+    `CHECKPOINT_RESEND_INTERVAL` ago or more (or never recorded); the time is written with it."""
+    request, attempt = job.stop_request, job.current_attempt
+    if request is None or request.executed_at is not None or job.state is not JobState.RUNNING:
+        return job, ()
+    if attempt is None or attempt.is_over or stop_is_due(job, now=now):
+        return job, ()
+    last = attempt.checkpoint_signalled_at
+    if last is not None and now - last < CHECKPOINT_RESEND_INTERVAL:
+        return job, ()
+    signals = checkpoint_signals(job, attempt)
+    if not signals or not live_instances(attempt):
+        return job, ()
+    return job.with_attempt(attempt.model_copy(update={"checkpoint_signalled_at": now}), now=now), signals
 
 
 def _settle_metrics(before: Job, after: Job) -> dict[str, float]:
@@ -329,6 +359,8 @@ def request_stop(job: Job, reason: Reason, *, detail: str, now: datetime) -> Dec
     asked = job.model_copy(update={"stop_request": request, "updated_at": now, "status_detail": detail})
     attempt = job.current_attempt
     effects = checkpoint_signals(job, attempt) if attempt is not None else ()
+    if effects and attempt is not None:  # when it was sent: a settle sends it again if no commit follows
+        asked = asked.with_attempt(attempt.model_copy(update={"checkpoint_signalled_at": now}), now=now)
     metric = STOP_METRIC.get(reason, "PolicyStops")
     how = "checkpoint first" if effects else "SIGTERM now"
     stop = Decision(Outcome.STOP_REQUESTED, asked, effects, f"stop requested ({reason.value}): {how}", {metric: 1})

@@ -93,6 +93,7 @@ class Outcome(StrEnum):
 
     INTERRUPTED = "interrupted"
     CHECKPOINT_REQUESTED = "checkpoint requested"
+    CHECKPOINT_RESENT = "a pending stop's checkpoint-now sent again"
     CHECKPOINT_RECORDED = "checkpoint recorded"
     HEARTBEAT_RECORDED = "heartbeat recorded"
     EXIT_RECORDED = "exit recorded"

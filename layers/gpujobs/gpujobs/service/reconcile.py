@@ -198,7 +198,9 @@ class Reconciler:
             report.count(Repair.DEADLINE_MARKET_MOVES)
         self._check_heartbeat(current, now, report, reports_throttled_at)
         settled = reactions.settle(job.job_id)
-        if settled.outcome is not Outcome.NOTHING_TO_DECIDE:
+        if settled.outcome is Outcome.CHECKPOINT_RESENT:
+            report.count(Repair.STOP_CHECKPOINTS_RESENT)
+        elif settled.outcome is not Outcome.NOTHING_TO_DECIDE:
             report.count(Repair.ATTEMPTS_SETTLED)
         now_job = settled.job or current
         if silent.intersection(now_job.instance_ids):

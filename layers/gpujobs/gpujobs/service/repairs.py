@@ -19,6 +19,8 @@ class Repair(StrEnum):
     LAUNCHES_DEFERRED_TO_THE_NEXT_RUN = "launches deferred to the next run"
     DEADLINE_MARKET_MOVES = "deadline market moves"
     ATTEMPTS_SETTLED = "attempts settled"
+    STOP_CHECKPOINTS_RESENT = "stop checkpoints resent"
+    """A policy stop's checkpoint-now sent again: no commit newer than its request yet."""
     LOST_STATE_CHANGES_REPAIRED = "lost state changes repaired"
     IDLE_ALARMS_RECREATED = "idle alarms recreated"
     IDLE_ALARMS_DELETED = "idle alarms deleted"
