@@ -6,9 +6,11 @@ Lambda context's remaining time would say (`gpujobs_fakes.memory.Deadline`); not
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from gpujobs.domain.job import Market
+from gpujobs.domain.launching import LAUNCH_LEASE, LEASE_MARGIN
 from gpujobs.domain.states import JobState
 from gpujobs.service.launcher import WALK_RESERVE
 from gpujobs.service.ports import LaunchRequest
@@ -97,3 +99,54 @@ def test_a_walk_whose_tick_also_runs_short_goes_on_over_several_ticks_and_ends_q
     assert job.history[-1].reason == "no-capacity"
     assert len(world.compute.calls) == 8
     assert ticks == 3  # 1 rung at submit, then 3, 3 and the last 1
+
+
+class FunctionTimedOut(BaseException):
+    """Lambda ending the invocation at its deadline: nothing after it runs, no `finally` writes."""
+
+
+def test_a_walk_killed_mid_way_holds_the_job_only_until_its_invocations_deadline(world: World) -> None:
+    """Issue 19, item 11: the function dies in the middle of a RunInstances (a hung call, an
+    out-of-memory kill, the timeout). Its claim used to hold the job for the 11 min lease; now it
+    lasts until the invocation's deadline (and `LEASE_MARGIN`), and the next tick takes it over."""
+    deadline = Deadline(world.clock, at=world.clock.now() + timedelta(seconds=60))
+    world.rewire(time_left=deadline.time_left)
+
+    def dies(_request: LaunchRequest) -> None:
+        world.clock.advance(seconds=60)
+        raise FunctionTimedOut
+
+    world.compute.on_run = dies
+    with contextlib.suppress(FunctionTimedOut):
+        world.submit(spec())
+    [job] = world.store.list_by_state(JobState.LAUNCHING, limit=10)
+    attempt = job.current_attempt
+    assert attempt is not None
+    assert attempt.lease_expires_at is not None
+    assert attempt.lease_expires_at == deadline.at + LEASE_MARGIN  # not 11 min after the claim
+    assert world.compute.live() == []
+
+    # the reconciler's first tick after the dead invocation's end (and the margin) launches it
+    world.compute.on_run = None
+    world.clock.advance(seconds=LEASE_MARGIN.total_seconds())
+    deadline.at = world.clock.now() + timedelta(seconds=60)
+    world.reconciler.run(deadline=deadline.at)
+    launched = world.store.get(job.job_id)
+    assert launched.state is JobState.RUNNING
+    assert launched.attempt_count == 1  # the same attempt taken over, not a second launch
+    assert len(world.compute.live()) == 1
+
+
+def test_a_launch_with_no_known_deadline_keeps_the_whole_lease(world: World) -> None:
+    """A caller that cannot say how long it has (a script, the local cloud's CLI) keeps the lease
+    longer than any launching function's timeout, so no second launcher takes over a live walk."""
+
+    def dies(_request: LaunchRequest) -> None:
+        raise FunctionTimedOut
+
+    world.compute.on_run = dies
+    with contextlib.suppress(FunctionTimedOut):
+        world.submit(spec())
+    [job] = world.store.list_by_state(JobState.LAUNCHING, limit=10)
+    assert job.current_attempt is not None
+    assert job.current_attempt.lease_expires_at == world.clock.now() + LAUNCH_LEASE

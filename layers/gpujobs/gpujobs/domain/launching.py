@@ -33,7 +33,21 @@ ladder is never taken over by a second one (a walk stops short of its invocation
 gives the lease up, `pause_launch`); shorter than the queue's visibility timeout (3600 s),
 so a message redelivered after a crashed launch finds the lease expired and finishes the launch
 (adopting any instances the crashed one started). A launch that fails cleanly releases it at once.
+A launcher that knows its invocation's deadline holds it no longer than that (`invocation_lease`).
 """
+LEASE_MARGIN = timedelta(seconds=30)
+"""Past its invocation's deadline a launcher is dead (Lambda ends it there); the margin covers the
+clocks of the writers, which all read the same NTP-synced wall clock, and the walk's last write."""
+
+
+def invocation_lease(time_left: timedelta | None) -> timedelta:
+    """The lease a launcher takes: until its invocation's deadline (and `LEASE_MARGIN`), never longer
+    than `LAUNCH_LEASE`. A walk killed mid-way (its function timed out, ran out of memory, crashed)
+    then holds the job only that long: the next reconciler tick after it takes the launch over,
+    not the one 11 minutes later. With no deadline known (a test, a script), `LAUNCH_LEASE`."""
+    if time_left is None:
+        return LAUNCH_LEASE
+    return min(LAUNCH_LEASE, max(time_left, timedelta(0)) + LEASE_MARGIN)
 
 
 @dataclass(frozen=True)
@@ -52,8 +66,9 @@ def wants_idle_alarms(job: Job) -> bool:
     return job.spec is not None and job.spec.gpus_per_node > 0
 
 
-def claim_launch(job: Job, *, now: datetime, hold: str | None) -> Decision:
-    """Take a launch the job is due, or hold it (`hold`: the budget's reason to launch nothing)."""
+def claim_launch(job: Job, *, now: datetime, hold: str | None, lease: timedelta = LAUNCH_LEASE) -> Decision:
+    """Take a launch the job is due, or hold it (`hold`: the budget's reason to launch nothing), for
+    `lease` (`invocation_lease`: what the claiming invocation has left)."""
     attempt = job.current_attempt
     if job.state is JobState.QUEUED:
         if job.next_try_at and job.next_try_at > now:
@@ -75,13 +90,13 @@ def claim_launch(job: Job, *, now: datetime, hold: str | None) -> Decision:
         held = held.transition(JobState.QUEUED, Reason.BUDGET_HOLD, now=now, detail=hold, hold_reason=hold)
         return Decision(Outcome.LAUNCH_HELD, held, detail=hold)
     if job.state is JobState.LAUNCHING and attempt is not None:
-        renewed = attempt.model_copy(update={"lease_expires_at": now + LAUNCH_LEASE})
+        renewed = attempt.model_copy(update={"lease_expires_at": now + lease})
         return Decision(Outcome.LAUNCH_CLAIMED, job.with_attempt(renewed, now=now), detail="launch taken over")
     fresh = Attempt(
         number=job.attempt_count + 1,
         started_at=now,
         resume_from_step=job.checkpoint_step,
-        lease_expires_at=now + LAUNCH_LEASE,
+        lease_expires_at=now + lease,
     )
     # A new attempt starts clean: a stop requested of an earlier one is not its to carry out.
     claimed = job.with_attempt(fresh, now=now).transition(

@@ -25,7 +25,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy, launch_hold
 from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.job import JOB_ID, Job, job_id_for
-from gpujobs.domain.launching import cancel, claim_launch
+from gpujobs.domain.launching import cancel, claim_launch, invocation_lease
 from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState
@@ -174,7 +174,11 @@ class JobService:
             """Why the budget holds this job's launches (`domain.budget.launch_hold`), or None."""
             return None if job.spec is None else launch_hold(job, policy(job), now=self.ports.clock.now())
 
-        applied = self.change(job_id, lambda job: claim_launch(job, now=self.ports.clock.now(), hold=hold(job)))
+        def claim(job: Job) -> Decision:
+            lease = invocation_lease(self.ports.time_left())
+            return claim_launch(job, now=self.ports.clock.now(), hold=hold(job), lease=lease)
+
+        applied = self.change(job_id, claim)
         owned = applied.after
         if applied.decision.outcome is not Outcome.LAUNCH_CLAIMED:  # not due, or held by the budget
             return owned

@@ -33,7 +33,7 @@ from gpujobs.domain.ladder import (
     next_try_at,
     plan_ladder,
 )
-from gpujobs.domain.launching import LAUNCH_LEASE, Gang, end_launch, pause_launch, record_launch
+from gpujobs.domain.launching import Gang, end_launch, invocation_lease, pause_launch, record_launch
 from gpujobs.domain.quotas import QuotaRefusal, is_quota_refusal, quota_detail, quota_refused_pools, refused_by_quota
 from gpujobs.domain.rundoc import RunDocumentPointer, run_document
 from gpujobs.domain.states import JobState, Reason
@@ -110,7 +110,9 @@ class Launcher:
             self.ports.compute.terminate(survivors)
             try:
                 restarted = self.ports.store.save(
-                    started_over(job, survivors, now=self.ports.clock.now(), lease=LAUNCH_LEASE)
+                    started_over(
+                        job, survivors, now=self.ports.clock.now(), lease=invocation_lease(self.ports.time_left())
+                    )
                 )
             except ConcurrentUpdateError:
                 return self.ports.store.get(job.job_id)
