@@ -39,6 +39,7 @@ def forget_terminated_instances() -> None:
         del backend.tags[resource_id]
 
 
+@pytest.mark.timeout(900)  # 600 launches on moto: 139 s alone on the 2-core machine, past 300 s beside other suites
 def test_600_multi_node_jobs_in_a_row_leave_no_placement_group_behind(stack: MotoStack) -> None:
     world = World()
     ec2 = boto3.client("ec2", region_name=REGION)

@@ -33,7 +33,7 @@ from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.budgeting import BudgetReactions
-from gpujobs.service.ports import CapacityError, LaunchRequest, QuotaExceededError
+from gpujobs.service.ports import CapacityError, JobNotFoundError, LaunchRequest, QuotaExceededError
 from gpujobs.service.repairs import Repair
 from gpujobs_fakes.memory import FixedClock
 from tests.service.conftest import World
@@ -242,12 +242,19 @@ class SimulatedCloud:
         if event.kind == "exit" and event.args[3] in MISCONFIGURED_EXIT_CODES:
             # Reported, even if the handler then fails: a fault after its write still leaves the verdict recorded.
             self.config_exits_heard.add(event.args[0])
+        ended = event.kind in ("heartbeat", "checkpoint") and self._has_ended(event.args[0])
         handled = handlers[event.kind](*event.args)
         if event.kind in ("heartbeat", "checkpoint", "exit") and not getattr(handled, "ignored", True):
             self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
-            if event.kind != "exit":
+            if event.kind != "exit" and not ended:  # a report that comes after the verdict did not precede it
                 self.progress_heard.add(event.args[0])
         return handled
+
+    def _has_ended(self, job_id: str) -> bool:
+        try:
+            return job_id in self.terminal or self.world.store.get(job_id).state.is_terminal
+        except JobNotFoundError:
+            return False
 
     # ---- EC2 ----------------------------------------------------------------------------------
     def _refuse_with_ec2_message(self, request: LaunchRequest) -> None:
