@@ -120,6 +120,21 @@ class InMemoryJobStore:
                 self._instances[iid] = job.job_id
             return stored
 
+    def get_many(self, job_ids: Sequence[str], *, on_unreadable: UnreadableObserver | None = None) -> dict[str, Job]:
+        self.faults.check("get_many")
+        found: dict[str, Job] = {}
+        for job_id in dict.fromkeys(job_ids):
+            if job_id not in self._jobs:
+                continue
+            if job_id in self._unreadable:
+                error = UnreadableJobError(job_id, self._unreadable[job_id])
+                if on_unreadable is None:
+                    raise error
+                on_unreadable(error)
+                continue
+            found[job_id] = self._jobs[job_id]
+        return found
+
     def find_by_instance(self, instance_id: str) -> Job | None:
         job_id = self._instances.get(instance_id)
         if job_id is None:

@@ -196,3 +196,65 @@ def test_a_stray_instance_with_a_non_integer_attempt_tag_is_left_out_not_a_crash
     )
 
     assert [(i.instance_id, i.attempt) for i in compute.list_instances()] == [(ours, 2)]
+
+
+# --- DynamoDB BatchGetItem (the reconciler's reads) -----------------------------------------------
+
+
+def test_many_jobs_are_read_in_batches_of_at_most_100_keys_consistently(table: Any) -> None:
+    store = DynamoJobStore(table_name="jobs", client=table)
+    ids = [f"j-{n:016x}" for n in range(250)]
+    for job_id in ids:
+        store.create(a_job(job_id))
+    calls: list[dict[str, Any]] = []
+    table.meta.events.register(
+        "provide-client-params.dynamodb.BatchGetItem", lambda params, **_: calls.append(params["RequestItems"])
+    )
+
+    found = store.get_many([*ids, "j-ffffffffffffffff", ids[0]])  # one unknown, one asked twice
+
+    assert sorted(found) == ids
+    assert all(found[i].version == 1 and found[i].job_id == i for i in ids)
+    assert [len(c["jobs"]["Keys"]) for c in calls] == [100, 100, 51]
+    assert all(c["jobs"]["ConsistentRead"] is True for c in calls)
+
+
+class LeavesKeysUnprocessed:
+    """A DynamoDB client whose BatchGetItem answers only the first key of each call, as a throttled
+    table (or the 16 MB response limit) does: the rest come back as UnprocessedKeys."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.batch_calls = 0
+        self.get_calls = 0
+
+    def batch_get_item(self, **kwargs: Any) -> dict[str, Any]:
+        self.batch_calls += 1
+        (table, asked), *_ = kwargs["RequestItems"].items()
+        first, rest = asked["Keys"][:1], asked["Keys"][1:]
+        answer = self._client.batch_get_item(RequestItems={table: {**asked, "Keys": first}})
+        if rest:
+            answer["UnprocessedKeys"] = {table: {**asked, "Keys": rest}}
+        return answer  # type: ignore[no-any-return]
+
+    def get_item(self, **kwargs: Any) -> dict[str, Any]:
+        self.get_calls += 1
+        return self._client.get_item(**kwargs)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_keys_left_unprocessed_are_asked_again_and_then_read_one_by_one(table: Any) -> None:
+    ids = [f"j-{n:016x}" for n in range(10)]
+    writer = DynamoJobStore(table_name="jobs", client=table)
+    for job_id in ids:
+        writer.create(a_job(job_id))
+    throttled = LeavesKeysUnprocessed(table)
+    store = DynamoJobStore(table_name="jobs", client=throttled)  # type: ignore[arg-type]
+
+    found = store.get_many(ids)
+
+    assert sorted(found) == ids  # nothing lost to the throttling
+    assert throttled.batch_calls == 1 + 4  # one call per 100 keys, then BATCH_GET_ROUNDS more
+    assert throttled.get_calls == len(ids) - throttled.batch_calls

@@ -17,7 +17,7 @@ before it writes and refuses an oversized one with JobRecordTooLargeError, as do
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,10 @@ LOST_RACE_CODES = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
 another transaction was writing the same item at that moment. The service retries both."""
 MAX_ITEM_BYTES = 400 * 1024
 """DynamoDB's item size limit (KB = 1024 bytes)."""
+BATCH_GET_KEYS = 100
+"""BatchGetItem's limit on keys a call."""
+BATCH_GET_ROUNDS = 4
+"""Calls beyond one per 100 keys for the keys DynamoDB left unprocessed, before they are read one by one."""
 
 
 def job_pk(job_id: str) -> str:
@@ -124,6 +128,37 @@ class DynamoJobStore:
         if item is None:
             raise JobNotFoundError(job_id)
         return self._from_item(item)
+
+    def get_many(self, job_ids: Sequence[str], *, on_unreadable: UnreadableObserver | None = None) -> dict[str, Job]:
+        """BatchGetItem, `BATCH_GET_KEYS` keys a call, consistent. Keys DynamoDB leaves unprocessed
+        (throttling, the 16 MB response limit) are asked again in the next call; any still left
+        after `BATCH_GET_ROUNDS` calls are read one by one, so a busy table costs calls, never jobs."""
+        found: dict[str, Job] = {}
+        pending: list[Item] = [{"pk": {"S": job_pk(i)}, "sk": {"S": JOB_SK}} for i in dict.fromkeys(job_ids)]
+        calls_left = -(-len(pending) // BATCH_GET_KEYS) + BATCH_GET_ROUNDS
+        while pending and calls_left > 0:
+            calls_left -= 1
+            asked, pending = pending[:BATCH_GET_KEYS], pending[BATCH_GET_KEYS:]
+            answer = self._ddb.batch_get_item(RequestItems={self._table: {"Keys": asked, "ConsistentRead": True}})
+            for got in answer.get("Responses", {}).get(self._table, []):
+                self._keep(found, got, on_unreadable)
+            unprocessed = answer.get("UnprocessedKeys", {}).get(self._table)
+            pending += list(unprocessed["Keys"]) if unprocessed else []
+        for key in pending:
+            item = self._ddb.get_item(TableName=self._table, Key=key, ConsistentRead=True).get("Item")
+            if item is not None:
+                self._keep(found, item, on_unreadable)
+        return found
+
+    def _keep(self, found: dict[str, Job], item: Item, on_unreadable: UnreadableObserver | None) -> None:
+        try:
+            job = self._from_item(item)
+        except UnreadableJobError as exc:
+            if on_unreadable is None:
+                raise
+            on_unreadable(exc)
+            return
+        found[job.job_id] = job
 
     def find_by_instance(self, instance_id: str) -> Job | None:
         items = self._ddb.query(

@@ -63,11 +63,16 @@ def change(
     backoff: Backoff,
     publisher: EventPublisher,
     written: Callable[[Job, Job], None] | None = None,
+    first: Job | None = None,
 ) -> Applied:
     """Decide on the stored job and write the decision, retrying lost races; publish what changed,
-    then tell `written` (before, after): it counts what the write stands for, and never fails it."""
+    then tell `written` (before, after): it counts what the write stands for, and never fails it.
+
+    `first`: the job as a consistent read returned it moments ago (the reconciler's batch read), to
+    decide on instead of reading it again; a write on it is conditional like any other, and a lost
+    race reads the job afresh."""
     for lost in range(backoff.tries):
-        before = store.get(job_id)
+        before = first if lost == 0 and first is not None else store.get(job_id)
         decision = decide(before)
         if decision.job is None:
             return Applied(before, before, decision)

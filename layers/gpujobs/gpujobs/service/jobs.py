@@ -83,11 +83,18 @@ class JobService:
         return TeamDirectory.open() if teams is None else teams.load()
 
     # ---- the one way to change a job ----------------------------------------------------------
-    def change(self, job_id: str, decide: Callable[[Job], Decision]) -> Applied:
-        """Load, decide, write conditionally (retrying lost races) and publish; act with `act()`."""
+    def change(self, job_id: str, decide: Callable[[Job], Decision], *, first: Job | None = None) -> Applied:
+        """Load (or take `first`, read consistently moments ago), decide, write conditionally
+        (retrying lost races) and publish; act with `act()`."""
         ports = self.ports
         return change(
-            ports.store, job_id, decide, backoff=ports.backoff, publisher=ports.publisher, written=self._written
+            ports.store,
+            job_id,
+            decide,
+            backoff=ports.backoff,
+            publisher=ports.publisher,
+            written=self._written,
+            first=first,
         )
 
     def act(self, applied: Applied) -> Job:

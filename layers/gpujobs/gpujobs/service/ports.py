@@ -84,8 +84,10 @@ class JobStore(Protocol):
 
         Raises ConcurrentUpdateError otherwise, and JobRecordTooLargeError (writing nothing) when
         the record would pass the item size limit. Instance ids of the job's attempts are indexed so
-        that find_by_instance answers without a scan.
-        """
+        that find_by_instance answers without a scan."""
+
+    def get_many(self, job_ids: Sequence[str], *, on_unreadable: UnreadableObserver | None = None) -> dict[str, Job]:
+        """Consistent batch reads, by id; absent jobs left out, unreadable ones as in list_by_state."""
 
     def find_by_instance(self, instance_id: str) -> Job | None: ...
 

@@ -56,13 +56,14 @@ class Reactions:
     jobs: JobService
     """For its use cases: the one write path (`change`, `act`) and the launch a decision may call for."""
 
-    def _react(self, job_id: str, decide: Decide) -> Reaction:
-        """Decide on the stored job, write, publish, then act: the one path every reaction takes."""
+    def _react(self, job_id: str, decide: Decide, *, current: Job | None = None) -> Reaction:
+        """Decide on the stored job (`current`: as read consistently moments ago), write, publish,
+        then act: the one path every reaction takes."""
         if not JOB_ID.fullmatch(job_id):
             return malformed(f"job id {job_id!r}")
         clock = self.ports.clock
         try:
-            applied = self.jobs.change(job_id, lambda job: decide(job, clock.now()))
+            applied = self.jobs.change(job_id, lambda job: decide(job, clock.now()), first=current)
         except JobNotFoundError:
             return Reaction(Outcome.UNKNOWN_JOB, detail=f"no job {job_id}")
         after = self.jobs.act(applied)
@@ -82,7 +83,7 @@ class Reactions:
             instance_id, lambda job, now: decisions.on_spot_warning(job, instance_id, now=now, action=action)
         )
 
-    def keep_deadline(self, job_id: str) -> Reaction:
+    def keep_deadline(self, job_id: str, *, current: Job | None = None) -> Reaction:
         """Move a running job with a deadline to the market it needs, if it needs another."""
         from gpujobs.domain import deadline, ladder  # the reconciler's only: no event handler loads them
         from gpujobs.domain.budget import BudgetMode
@@ -92,7 +93,7 @@ class Reactions:
             allowed = ladder.movable_markets(job, spot_only=mode is BudgetMode.SPOT_ONLY, hold=mode is BudgetMode.HOLD)
             return deadline.move_market(job, now=now, allowed=allowed)
 
-        return self._react(job_id, decide)
+        return self._react(job_id, decide, current=current)
 
     def rebalance(self, instance_id: str) -> Reaction:
         """A proactive checkpoint; no relaunch unless a warning follows."""
@@ -131,18 +132,20 @@ class Reactions:
             return {}
         return {instance_id: reason} if reason else {}
 
-    def record_gone(self, job_id: str, instance_ids: tuple[str, ...]) -> Reaction:
+    def record_gone(self, job_id: str, instance_ids: tuple[str, ...], *, current: Job | None = None) -> Reaction:
         """Instances the reconciler found gone without an event; judged by the next `settle()`."""
-        return self._react(job_id, lambda job, now: decisions.on_gone(job, instance_ids, now=now))
+        return self._react(job_id, lambda job, now: decisions.on_gone(job, instance_ids, now=now), current=current)
 
-    def settle(self, job_id: str) -> Reaction:
+    def settle(self, job_id: str, *, current: Job | None = None) -> Reaction:
         """Judge every unfinished attempt from its record and move the job accordingly."""
-        return self._react(job_id, lambda job, now: decisions.settle(job, now=now))
+        return self._react(job_id, lambda job, now: decisions.settle(job, now=now), current=current)
 
     # ---- policy stops -----------------------------------------------------------------------
-    def request_stop(self, job_id: str, reason: Reason, *, detail: str) -> Reaction:
+    def request_stop(self, job_id: str, reason: Reason, *, detail: str, current: Job | None = None) -> Reaction:
         """Checkpoint first; the instances go when that checkpoint is committed (or at the deadline)."""
-        return self._react(job_id, lambda job, now: decisions.request_stop(job, reason, detail=detail, now=now))
+        return self._react(
+            job_id, lambda job, now: decisions.request_stop(job, reason, detail=detail, now=now), current=current
+        )
 
     def idle_alarm(self, instance_id: str) -> Reaction:
         return self._react_to_instance(instance_id, lambda job, now: decisions.on_idle_alarm(job, instance_id, now=now))

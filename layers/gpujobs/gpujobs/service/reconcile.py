@@ -15,6 +15,10 @@ A run works in order of what a lost minute costs most:
    heartbeats (not counting silence while the Reports function was throttled: one metric read per
    tick), then the attempt is settled. A job between attempts that still holds an unfinished
    one (interrupted just before a hold sent it back to the queue) has it settled too.
+   Least recently updated first (a hung job, silent for longest, is never the one left out), read
+   consistently 100 at a time (one BatchGetItem, just before their repairs; each repair decides on
+   what the one before it wrote), and only while `REPAIR_RESERVE` of the run is left: at 10,000
+   running jobs the tick still ends in time, the rest wait for the next run (counted).
 3. Orphan instances. The `ByState` index is eventually consistent and a job can move between the
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
    its job agrees: a live gang is never killed from a stale view. Then the security groups of jobs
@@ -66,9 +70,15 @@ from gpujobs.service.sweeps import StackSweeps
 
 log = logging.getLogger(__name__)
 
-MAX_ACTIVE_JOBS = 5000
+MAX_ACTIVE_JOBS = 20_000
+"""Jobs one run lists per state: twice the 10,000 running its tick is measured at (bench/)."""
 LAUNCH_WORK_RESERVE = timedelta(seconds=30)
 """Launch work starts only while this much of the run is left: one ladder walk fits in it."""
+REPAIR_RESERVE = LAUNCH_WORK_RESERVE + timedelta(seconds=15)
+"""Running jobs are repaired only while this much of the run is left: the orphan sweep and the
+launch work after them get their share of every tick, however many jobs run."""
+READ_BATCH = 100
+"""Running jobs are read consistently this many at a time (one BatchGetItem), just before their repairs."""
 
 
 @dataclass
@@ -105,8 +115,23 @@ class Reconciler:
         watched: set[str] = set()
         throttled = self._reports_throttled_at(now, active.values())
         for job in active.values():
-            self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
             if job.state is JobState.RUNNING:
+                continue
+            self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
+            if any(not a.is_over and a.instance_ids for a in job.attempts):
+                self._guarded(job, report, lambda j: self._settle_between_attempts(j, by_job[j.job_id], report))
+        running = sorted((j for j in active.values() if j.state is JobState.RUNNING), key=lambda j: j.updated_at)
+        batch: dict[str, Job] = {}  # the chunk's records, read consistently just before its repairs
+        for start in range(0, len(running), READ_BATCH):
+            if deadline is not None and ports.clock.now() >= deadline - REPAIR_RESERVE:
+                report.count(Repair.RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN, len(running) - start)
+                watched.update(i for job in running[start:] for i in job.instance_ids)  # their alarms stay
+                break
+            chunk = running[start : start + READ_BATCH]
+            batch.clear()
+            batch.update(self._read_consistently(chunk))
+            for job in chunk:
+                self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
                 self._guarded(
                     job,
                     report,
@@ -119,11 +144,10 @@ class Reconciler:
                             alarms=(alarmed, silent),
                             report=report,
                             reports_throttled_at=throttled,
+                            fresh=batch.get(j.job_id),
                         )
                     ),
                 )
-            elif any(not a.is_over and a.instance_ids for a in job.attempts):
-                self._guarded(job, report, lambda j: self._settle_between_attempts(j, by_job[j.job_id], report))
         if alarmed is not None:
             self._delete_leaked_alarms(alarmed - watched, report)
         sweeps.terminate_orphans(instances, active, unreadable, now, report)
@@ -183,21 +207,25 @@ class Reconciler:
         alarms: tuple[set[str] | None, frozenset[str]],
         report: ReconcileReport,
         reports_throttled_at: datetime | None = None,
+        fresh: Job | None = None,
     ) -> set[str]:
         """Repair one RUNNING job; returns the instances whose idle alarms it wants kept. `alarms`:
-        the instances with an idle alarm (None: unknown this tick), and those fed no GPU metric."""
+        the instances with an idle alarm (None: unknown this tick), and those fed no GPU metric.
+        `fresh`: the job as this run's batch read returned it (None: read it here). Each repair
+        decides on the newest record this run knows (what the previous one wrote), and any write
+        is conditional on its version, so a record changed meanwhile is read again, never overwritten."""
         alarmed, silent = alarms
         reactions = self.reactions
-        self._record_lost_state_changes(job, live, report)
-        current = self.ports.store.get(job.job_id)
-        self._enforce_caps(current, now, holds, report)
-        if (
-            current.require_spec().deadline is not None
-            and reactions.keep_deadline(job.job_id).outcome is Outcome.MARKET_CHANGED
-        ):
-            report.count(Repair.DEADLINE_MARKET_MOVES)
+        current = fresh or self.ports.store.get(job.job_id)
+        current = self._record_lost_state_changes(current, live, report)
+        current = self._enforce_caps(current, now, holds, report)
+        if current.require_spec().deadline is not None:
+            moved = reactions.keep_deadline(job.job_id, current=current)
+            current = moved.job or current
+            if moved.outcome is Outcome.MARKET_CHANGED:
+                report.count(Repair.DEADLINE_MARKET_MOVES)
         self._check_heartbeat(current, now, report, reports_throttled_at)
-        settled = reactions.settle(job.job_id)
+        settled = reactions.settle(job.job_id, current=current)
         if settled.outcome is Outcome.CHECKPOINT_RESENT:
             report.count(Repair.STOP_CHECKPOINTS_RESENT)
         elif settled.outcome is not Outcome.NOTHING_TO_DECIDE:
@@ -232,14 +260,28 @@ class Reconciler:
         except Exception:
             log.exception("could not publish %s for %s", IDLE_DETECTION_OFF, job_id)
 
-    def _record_lost_state_changes(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
+    def _record_lost_state_changes(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> Job:
+        """Record the instances EC2 no longer shows up (a lost state change); the job as it is now."""
         still_up = {i.instance_id for i in live if i.state not in GONE_STATES}
         for attempt in job.attempts:
             if attempt.is_over or not attempt.instance_ids:
                 continue
             missing = tuple(i for i in attempt.instance_ids if i not in still_up and i not in attempt.gone)
-            if missing and self.reactions.record_gone(job.job_id, missing).outcome is Outcome.GONE_RECORDED:
+            if not missing:
+                continue
+            recorded = self.reactions.record_gone(job.job_id, missing, current=job)
+            job = recorded.job or job
+            if recorded.outcome is Outcome.GONE_RECORDED:
                 report.count(Repair.LOST_STATE_CHANGES_REPAIRED)
+        return job
+
+    def _read_consistently(self, jobs: list[Job]) -> dict[str, Job]:
+        """One BatchGetItem for up to `READ_BATCH` jobs; on failure each job is read on its own."""
+        try:
+            return self.ports.store.get_many([job.job_id for job in jobs], on_unreadable=lambda _error: None)
+        except Exception:
+            log.warning("the batch read of %d jobs failed; reading them one by one", len(jobs), exc_info=True)
+            return {}
 
     def _settle_between_attempts(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
         """A job between attempts may still hold an unfinished one: an attempt interrupted just before
@@ -320,33 +362,33 @@ class Reconciler:
             self.jobs.carry_out([Terminate(hang.instance_ids)])
             report.count(Repair.HUNG_ATTEMPTS_TERMINATED)
 
-    def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> None:
+    def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> Job:
+        """Ask a job past a budget hold, its runtime cap or its cost cap to stop; the job as it is now."""
         if job.state is not JobState.RUNNING or job.stop_request is not None:
-            return
+            return job
+        cap = self._cap_passed(job, now, holds)
+        if cap is None:
+            return job
+        reason, detail, repair = cap
+        asked = self.reactions.request_stop(job.job_id, reason, detail=detail, current=job)
+        report.count(repair)
+        return asked.job or job
+
+    def _cap_passed(self, job: Job, now: datetime, holds: list[BudgetPolicy]) -> tuple[Reason, str, Repair] | None:
         hold = hold_over(job.team, holds)
         if hold is not None:
-            self.reactions.request_stop(job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {hold.reason}")
-            report.count(Repair.BUDGET_HOLDS_ENFORCED)
-            return
+            return Reason.BUDGET_EXCEEDED, f"budget: {hold.reason}", Repair.BUDGET_HOLDS_ENFORCED
         spec = job.require_spec()
         runtime = runtime_of(job, now)
         if runtime >= timedelta(minutes=spec.max_runtime_minutes):
-            self.reactions.request_stop(
-                job.job_id,
-                Reason.MAX_RUNTIME,
-                detail=f"ran {runtime} of max_runtime_minutes {spec.max_runtime_minutes}",
-            )
-            report.count(Repair.RUNTIME_CAPS)
-            return
+            detail = f"ran {runtime} of max_runtime_minutes {spec.max_runtime_minutes}"
+            return Reason.MAX_RUNTIME, detail, Repair.RUNTIME_CAPS
         if spec.max_cost_usd is not None:
             cost = cost_of(job, now, self._hourly_prices(job))
             if cost >= spec.max_cost_usd:
-                self.reactions.request_stop(
-                    job.job_id,
-                    Reason.MAX_COST,
-                    detail=f"spent about ${cost:.2f} of max_cost_usd ${spec.max_cost_usd:.2f}",
-                )
-                report.count(Repair.COST_CAPS)
+                detail = f"spent about ${cost:.2f} of max_cost_usd ${spec.max_cost_usd:.2f}"
+                return Reason.MAX_COST, detail, Repair.COST_CAPS
+        return None
 
     def _hourly_prices(self, job: Job) -> dict[BilledPool, float]:
         """Each pool's price; a type the prices do not know counts high, never as free."""

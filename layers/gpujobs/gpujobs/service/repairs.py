@@ -17,6 +17,8 @@ class Repair(StrEnum):
     UNREADABLE_RECORDS_SKIPPED = "unreadable records skipped"
     """Active job items this release could not read (a newer release's, after a rollback)."""
     LAUNCHES_DEFERRED_TO_THE_NEXT_RUN = "launches deferred to the next run"
+    RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN = "running repairs deferred to the next run"
+    """Running jobs this run had no time left to repair; the least recently updated go first."""
     DEADLINE_MARKET_MOVES = "deadline market moves"
     ATTEMPTS_SETTLED = "attempts settled"
     STOP_CHECKPOINTS_RESENT = "stop checkpoints resent"
