@@ -38,6 +38,8 @@ SPECS: tuple[dict[str, Any], ...] = (
     spec(capacity="spot", max_interruptions=1, team="ml"),
     spec(max_interruptions=1),
     spec(deadline={"hours": 10, "expected_hours": 6, "total_steps": 600}, max_interruptions=2, team="ml"),
+    spec(checkpoint="directory", deadline={"hours": 10, "expected_hours": 6, "total_steps": 600}, team="ml"),
+    spec(checkpoint="none", deadline={"hours": 8, "expected_hours": 4, "total_steps": 1}, capacity="spot-first"),
     spec(capacity="on-demand", gpus_per_node=0, instance_types=["c7i.large"], max_attempts=1),
     spec(client_token="nightly", team="ml", max_cost_usd=2.0, instance_types=["g6.xlarge", "g5.xlarge"]),
     spec(nodes=3, capacity="spot", team="ml", idle={"action": "ignore"}),

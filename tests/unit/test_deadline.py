@@ -223,3 +223,53 @@ def test_a_move_to_a_market_no_launch_may_use_now_is_not_made_and_the_attempt_tr
     assert held.effects == ()
     moved = move_market(ahead, now=at(10), allowed=movable_markets(ahead, spot_only=True, hold=False))
     assert moved.outcome is Outcome.MARKET_CHANGED  # spot is what spot-only allows
+
+
+# ---- jobs whose scripts count no steps for us (issue 19, item 12) ------------------------------------
+
+
+def trained_by_the_clock(mode: str, *, commits: bool, market: Market = Market.SPOT) -> Job:
+    """A `directory` or `none` job training on spot since submission, 20 h in, heartbeating (the
+    launcher's own heartbeat reports the manifest's sequence, not a step); with `commits`, its
+    last sync 10 min ago. By steps it would look as if it had done nothing."""
+    attempt = Attempt(
+        number=1,
+        started_at=at(0),
+        instance_ids=("i-1",),
+        market=market,
+        heartbeat_step=120 if commits else 0,
+        last_heartbeat_at=at(20),
+        checkpoint_step=120 if commits else None,
+        checkpoint_at=at(19, 50) if commits else None,
+    )
+    base = job(step=120 if commits else None, deadline=DEADLINE, checkpoint=mode).with_attempt(attempt, now=at(0))
+    launching = base.transition(JobState.LAUNCHING, Reason.LAUNCH_STARTED, now=at(0))
+    return launching.transition(JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=at(0))
+
+
+def test_a_directory_job_is_measured_in_time_trained_and_keeps_spot_on_schedule() -> None:
+    on_schedule = trained_by_the_clock("directory", commits=True)
+    standing = slack_of(on_schedule, now=at(20), step=120)
+    assert standing is not None
+    # 20 h less the boot and restore trained, and counted: 48 h - 19 h 51 min left, not 48 h
+    assert standing.work_left == timedelta(hours=48) - (timedelta(hours=20) - timedelta(minutes=9))
+    assert must_leave_spot(on_schedule, now=at(20)) is False
+    moved = move_market(on_schedule, now=at(20), allowed=BOTH)
+    assert moved.outcome is Outcome.NOTHING_TO_DECIDE
+    # what it keeps for a replacement is its last sync: 10 min less than it has trained
+    assert slack_of(on_schedule, now=at(20)).work_left == standing.work_left + timedelta(minutes=10)  # type: ignore[union-attr]
+
+
+def test_a_directory_job_that_lost_its_time_to_reclaims_still_leaves_spot_when_late() -> None:
+    late = trained_by_the_clock("directory", commits=True)
+    # 45 h in, its kept work still 19 h 41 min: the time left no longer covers the rest on spot
+    assert must_leave_spot(late, now=at(45)) is True
+    assert move_market(late, now=at(45), allowed=BOTH).outcome is Outcome.MARKET_CHANGED
+
+
+def test_a_job_that_saves_nothing_is_never_moved_since_a_move_would_restart_it() -> None:
+    nothing_kept = trained_by_the_clock("none", commits=False)
+    assert slack_of(nothing_kept, now=at(20)).work_left == timedelta(hours=48)  # type: ignore[union-attr]
+    assert move_market(nothing_kept, now=at(45), allowed=BOTH).outcome is Outcome.NOTHING_TO_DECIDE
+    # its next launch, if it is ever reclaimed, is judged on the whole work: on-demand when late
+    assert launch_markets(nothing_kept, now=at(3)) is DeadlineMarkets.ON_DEMAND

@@ -32,7 +32,7 @@ from enum import StrEnum
 
 from gpujobs.domain.effects import Decision, Launch, Outcome, SignalCheckpoint, ignore, live_instances
 from gpujobs.domain.job import Job, Market
-from gpujobs.domain.spec import Deadline
+from gpujobs.domain.spec import CheckpointMode, Deadline
 from gpujobs.domain.states import JobState, Reason
 
 BOOT_ALLOWANCE = timedelta(minutes=8)
@@ -84,18 +84,40 @@ def work_left(deadline: Deadline, *, step: int | None) -> timedelta:
 
 
 def slack_of(job: Job, *, now: datetime, step: int | None = None) -> Slack | None:
-    """The job's slack from its committed checkpoint (or `step`, a newer heartbeat's); None without a deadline."""
+    """The job's slack from its committed checkpoint (or `step`, a newer heartbeat's: the running
+    attempt's progress counts too); None without a deadline. A job whose script counts no steps for
+    us (`directory`, `none`) is measured in training time instead (`time_trained`)."""
     spec = job.require_spec()
     due = deadline_at(job)
     if spec.deadline is None or due is None:
         return None
-    progress = max(step or 0, job.checkpoint_step or 0)
-    return Slack(
-        deadline_at=due,
-        time_left=due - now,
-        work_left=work_left(spec.deadline, step=progress),
-        changeover=changeover(job),
-    )
+    if spec.checkpoint is CheckpointMode.GPUJOBS:
+        left = work_left(spec.deadline, step=max(step or 0, job.checkpoint_step or 0))
+    else:
+        expected = timedelta(hours=spec.deadline.expected_hours)
+        left = max(timedelta(0), expected - time_trained(job, running=step is not None))
+    return Slack(deadline_at=due, time_left=due - now, work_left=left, changeover=changeover(job))
+
+
+def time_trained(job: Job, *, running: bool) -> timedelta:
+    """The training time a `directory` or `none` job has to show: what its newest sync keeps (each
+    attempt from its boot and restore to its last committed sync, since each resumes from the sync
+    before), and with `running`, the current attempt's time since then up to its latest heartbeat
+    (the launcher's own, once a minute; a `directory` job saves it on the SIGTERM a move sends). A
+    `none` job keeps nothing across attempts: only the running attempt's time counts."""
+    spec, current = job.require_spec(), job.current_attempt
+    warmup = BOOT_ALLOWANCE + RESTORE_ALLOWANCE
+    kept = timedelta(0)
+    if spec.checkpoint is CheckpointMode.DIRECTORY:
+        for attempt in job.attempts:
+            if attempt.checkpoint_at is not None:
+                kept += max(timedelta(0), attempt.checkpoint_at - (attempt.started_at + warmup))
+    if running and current is not None and not current.is_over and current.last_heartbeat_at is not None:
+        since = current.started_at + warmup
+        if spec.checkpoint is CheckpointMode.DIRECTORY and current.checkpoint_at is not None:
+            since = max(since, current.checkpoint_at)
+        kept += max(timedelta(0), current.last_heartbeat_at - since)
+    return kept
 
 
 def launch_markets(job: Job, *, now: datetime) -> DeadlineMarkets | None:
@@ -123,7 +145,9 @@ def latest_retry(job: Job, proposed: datetime) -> datetime:
     due = deadline_at(job)
     if spec.deadline is None or due is None:
         return proposed
-    late_at = due - work_left(spec.deadline, step=job.checkpoint_step) - 2 * changeover(job)
+    standing = slack_of(job, now=due)
+    assert standing is not None
+    late_at = due - standing.work_left - 2 * standing.changeover
     return min(proposed, late_at)
 
 
@@ -162,6 +186,8 @@ def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Deci
     attempt = job.current_attempt
     if job.state is not JobState.RUNNING or job.stop_request is not None or attempt is None:
         return ignore(Outcome.NOT_RUNNING)
+    if job.require_spec().checkpoint is CheckpointMode.NONE:
+        return ignore(Outcome.NOTHING_TO_DECIDE, "a move would restart a job that saves nothing from scratch")
     if must_leave_spot(job, now=now):
         target = Market.ON_DEMAND
     elif may_return_to_spot(job, now=now):
