@@ -31,7 +31,7 @@ TAIL_LINES = 10
 """How many lines of a failed attempt's output `status` shows."""
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-_FAILED_ENDS = frozenset({Reason.CRASHED_RETRYING.value, Reason.CRASHED_TOO_OFTEN.value})
+_FAILED_ENDS = frozenset({Reason.CRASHED_RETRYING.value, Reason.CRASHED_TOO_OFTEN.value, Reason.SYNC_FAILED.value})
 
 
 class NoLogError(LookupError):

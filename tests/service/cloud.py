@@ -55,7 +55,7 @@ CAPACITY_MESSAGE = (
 """EC2's own InsufficientInstanceCapacity message: the ~250 characters every refusal records."""
 RUN_INSTANCES_SECONDS = 10
 """What one RunInstances call spends of its invocation's time (the simulation's clock stands still)."""
-EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED)
+EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED, ExitCode.SYNC_FAILED)
 CONFIG_ERROR_CODES = (ExitCode.CONFIG_ERROR, 2)
 MARKETS = (Market.SPOT.value, Market.ON_DEMAND.value)
 FAULT_TIMINGS = (When.BEFORE, When.AFTER)

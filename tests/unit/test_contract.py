@@ -25,6 +25,7 @@ from gpujobs.instance import contract as instance_contract
 from gpujobs.instance import rundoc as instance_rundoc
 from gpujobs.instance.workload_env import container_env
 from gpujobs_local.template import resources_of_type
+from gpujobs_trainer import errors as trainer_errors
 from gpujobs_trainer import events as trainer_events
 from gpujobs_trainer import layout as trainer_layout
 from gpujobs_trainer import outputs as trainer_outputs
@@ -153,6 +154,7 @@ def test_the_trainer_promises_the_exit_codes_the_control_plane_judges() -> None:
     assert gpujobs_trainer.CRASH_EXIT_CODE == contract.ExitCode.CRASHED
     assert gpujobs_trainer.PREEMPTED_EXIT_CODE == contract.ExitCode.PREEMPTED
     assert gpujobs_trainer.CONFIG_ERROR_EXIT_CODE == contract.ExitCode.CONFIG_ERROR
+    assert trainer_errors.SYNC_FAILED_EXIT_CODE == contract.ExitCode.SYNC_FAILED
 
 
 def test_the_trainer_reports_what_the_reports_function_handles() -> None:

@@ -242,6 +242,10 @@ class ExitCode(IntEnum):
     """Training finished; the final checkpoint is committed."""
     CRASHED = 1
     """Anything not listed here counts as a crash."""
+    SYNC_FAILED = 74
+    """EX_IOERR: a `directory` script ended well (exited 0, or was stopped) but the launcher's last
+    sync of its checkpoint folder failed: S3 holds the sync before. Retried for the sync (counted
+    toward max_attempts), never judged the script's crash."""
     PREEMPTED = 75
     """EX_TEMPFAIL: interrupted, a checkpoint is committed; resume me."""
     CONFIG_ERROR = 78

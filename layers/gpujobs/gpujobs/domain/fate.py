@@ -53,6 +53,9 @@ class Verdict(StrEnum):
     """Reclaimed (spot warning, preempted exit or spot loss): replace, counted as an interruption."""
     CRASHED = "crashed"
     """Failed: retry while attempts remain."""
+    SYNC_FAILED = "sync-failed"
+    """The script ended well, its folder's last sync did not (`ExitCode.SYNC_FAILED` and no other
+    failure): relaunch from the sync before, while attempts remain."""
     MISCONFIGURED = "misconfigured"
     """Failed with a configuration error before its first step: a retry would fail the same way."""
     LOST = "lost"
@@ -91,6 +94,8 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
         return Judgement(Verdict.WAIT)
     if job.stop_request is not None and not crashed:
         return Judgement(Verdict.STOPPED, job.stop_request.detail or job.stop_request.reason.value)
+    if crashed and all(code == ExitCode.SYNC_FAILED for code in crashed.values()):
+        return Judgement(Verdict.SYNC_FAILED, f"the last sync of the checkpoint folder failed ({_codes(crashed)})")
     if crashed and misconfigured(job, crashed):
         return Judgement(Verdict.MISCONFIGURED, _config_error(attempt, crashed))
     if crashed:
@@ -196,6 +201,9 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
         if job.crashes + 1 >= spec.max_attempts:
             return Move(((JobState.FAILED, Reason.CRASHED_TOO_OFTEN),), relaunch=False, counts_crash=True)
         return Move(((JobState.QUEUED, Reason.CRASHED_RETRYING),), relaunch=True, counts_crash=True)
+    if verdict is Verdict.SYNC_FAILED:
+        ends = JobState.FAILED if job.crashes + 1 >= spec.max_attempts else JobState.QUEUED
+        return Move(((ends, Reason.SYNC_FAILED),), relaunch=ends is JobState.QUEUED, counts_crash=True)
     if verdict is Verdict.DIED_AT_BOOT:
         if boot_deaths_in_a_row(job) >= BOOT_DEATH_LIMIT:
             return Move(((JobState.FAILED, Reason.DIED_AT_BOOT),), relaunch=False)

@@ -57,6 +57,7 @@ class Reason(StrEnum):
     COMPLETED = "completed"
     CRASHED_RETRYING = "crashed-retrying"
     CRASHED_TOO_OFTEN = "crashed-too-often"
+    SYNC_FAILED = "sync-failed"
     CONFIG_ERROR = "config-error"
     INSTANCE_LOST = "instance-lost"
     DIED_AT_BOOT = "died-at-boot"
@@ -101,6 +102,15 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, INT, Reason.DEADLINE_MARKET, "the deadline wants the other market; checkpoint and replace"),
     Transition(R, JobState.SUCCEEDED, Reason.COMPLETED, "every node exited 0"),
     Transition(R, Q, Reason.CRASHED_RETRYING, "the attempt crashed; attempts remain"),
+    Transition(
+        R, Q, Reason.SYNC_FAILED, "the script ended well but its folder's last sync failed; relaunched for the sync"
+    ),
+    Transition(
+        R,
+        JobState.FAILED,
+        Reason.SYNC_FAILED,
+        "the last sync of the script's folder failed and max_attempts is used up",
+    ),
     Transition(R, Q, Reason.INSTANCE_LOST, "on-demand instances vanished without a report; relaunch"),
     Transition(R, JobState.FAILED, Reason.INSTANCE_LOST, "instances vanished without a report once too often"),
     Transition(R, Q, Reason.DIED_AT_BOOT, "the instances died before the bootstrap's first report; relaunch"),
