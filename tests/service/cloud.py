@@ -25,6 +25,7 @@ from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
+from gpujobs.domain.hangs import launched_at
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.launching import LEASE_MARGIN
@@ -633,7 +634,8 @@ class SimulatedCloud:
         if missing:
             return f"recorded instances {missing} are gone"
         if spec.checkpoint.takes_checkpoint_requests and attempt.last_heartbeat_at is None:
-            silent = self.now - max(attempt.started_at, self._reports_throttled_at(self.now) or attempt.started_at)
+            launched = launched_at(job, attempt)
+            silent = self.now - max(launched, self._reports_throttled_at(self.now) or launched)
             if silent > spec.trainer.first_heartbeat + 2 * RECONCILE_EVERY:
                 return f"no first heartbeat for {silent}, yet not judged hung"
         if spec.gpus_per_node > 0:

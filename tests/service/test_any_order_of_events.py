@@ -298,3 +298,25 @@ def test_a_stop_whose_checkpoint_now_failed_waits_for_the_commit_its_trainer_mak
     assert job.stop_request is not None
     assert job.checkpoint_step is not None
     assert job.checkpoint_step > (job.stop_request.checkpoint_step_at_request or 0)
+
+
+def test_a_launch_paused_for_half_an_hour_gives_its_trainer_the_first_heartbeat_limit_from_the_launch() -> None:
+    """A sequence the proof found: the gang crashes, every invocation has 10 s left so the
+    replacement's walk pauses at each tick for 30 min, then a tick launches it. The next tick judged
+    the new gang hung: its first-heartbeat clock ran from the claim, not from the launch."""
+    cloud = SimulatedCloud()
+    cloud.submit(json.dumps(spec()), "msg-0")
+    [gang] = cloud.gangs()
+    cloud.exit(gang, 1, nodes=cloud.gangs()[gang][:1])
+    cloud.invocation_seconds = 10
+    cloud.deliver_all()
+    cloud.advance(timedelta(seconds=1800))
+    cloud.invocation_seconds = None
+
+    cloud.reconcile()
+    cloud.reconcile()
+
+    assert not cloud.violations()
+    [job] = cloud.jobs()
+    assert job.state is JobState.RUNNING
+    assert job.attempt_count == 2

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gpujobs.domain.job import Job
-from gpujobs.domain.states import JobState
+from gpujobs.domain.job import Attempt, Job
+from gpujobs.domain.states import JobState, Reason
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = 
     if attempt.last_heartbeat_at is None:
         if not spec.checkpoint.takes_checkpoint_requests:
             return None
-        limit, since, what = spec.trainer.first_heartbeat, attempt.started_at, "no first heartbeat"
+        limit, since, what = spec.trainer.first_heartbeat, launched_at(job, attempt), "no first heartbeat"
     else:
         limit, since, what = spec.trainer.heartbeat_overdue, attempt.last_heartbeat_at, "no heartbeat"
     if reports_throttled_at is not None and reports_throttled_at > since:
@@ -59,6 +59,17 @@ def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = 
         return None
     live = tuple(i for i in attempt.instance_ids if i not in attempt.gone)
     return Hang(live, f"{what} for over {_minutes(limit)} (since {since:%Y-%m-%d %H:%M} UTC)") if live else None
+
+
+def launched_at(job: Job, attempt: Attempt) -> datetime:
+    """When the attempt's gang was recorded (its `instances-launched` transition), not when its
+    launch was claimed: a walk paused at one invocation's deadline after another, or waiting for
+    capacity, launches its gang long after the claim, and its trainer's first-heartbeat clock
+    starts at the launch. The claim's time when the history no longer holds the transition."""
+    for entry in reversed(job.history):
+        if entry.attempt == attempt.number and entry.reason is Reason.INSTANCES_LAUNCHED:
+            return max(entry.at, attempt.started_at)
+    return attempt.started_at
 
 
 def _minutes(limit: timedelta) -> str:
