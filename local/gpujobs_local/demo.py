@@ -102,7 +102,20 @@ class Demo:
             return None
 
     def wait(self, what: str, predicate: Any, timeout: float = 90.0) -> None:
-        self.session.cloud.wait_until(predicate, timeout=timeout, what=what)
+        try:
+            self.session.cloud.wait_until(predicate, timeout=timeout, what=what)
+        except TimeoutError as timed_out:
+            raise TimeoutError(f"{timed_out}\n{self.instance_log_tails()}") from None
+
+    def instance_log_tails(self, lines: int = 40) -> str:
+        """The end of every instance log of the job, so a story that timed out says why."""
+        tails = []
+        for attempt in self.job().attempts:
+            for instance_id in attempt.instance_ids:
+                log = self.session.runner.log_path(instance_id)
+                text = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else ["(no log)"]
+                tails.append(f"--- attempt {attempt.number}, {instance_id} ---\n" + "\n".join(text))
+        return "\n".join(tails) or "(no instance was launched)"
 
     def progress(self, attempt: int) -> int:
         """The newest step the attempt's rank-0 node has printed."""

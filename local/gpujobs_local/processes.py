@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -23,12 +24,24 @@ from typing import IO
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's pick for an ephemeral bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+RENDEZVOUS_PORTS = range(20000, 32768)
+"""Where a gang's rendezvous port is picked: below Linux's ephemeral range (32768-60999), so no
+outgoing connection of the local cloud (boto3 to the AWS stand-in, the IMDS and report clients) can
+take the port as its source between the pick and torchrun's bind, which made a trainer exit 1."""
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A TCP port outside the ephemeral range that nobody is bound to right now."""
+    pick = rng or random.SystemRandom()
+    for _ in range(200):
+        port = pick.choice(RENDEZVOUS_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {RENDEZVOUS_PORTS.start}-{RENDEZVOUS_PORTS.stop - 1} after 200 tries")
 
 
 def become_subreaper() -> bool:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import signal
+import socket
 import sys
 import textwrap
 import time
@@ -29,6 +31,7 @@ from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.instance.userdata import render_user_data
 from gpujobs_local.instances import REBALANCE, SPOT_WARNING, STATE_CHANGE, InstanceRunner
+from gpujobs_local.processes import RENDEZVOUS_PORTS, free_port
 from tests.ami_pythons import find_interpreter
 from tests.conftest import BootstrapPython
 from tests.granting_credentials_function import FUNCTION, GrantingCredentialsFunction, granting_credentials_function
@@ -575,3 +578,21 @@ def test_an_instance_python_that_cannot_run_the_bootstrap_is_refused_up_front(cl
             )
 
         assert f"instance python {python!r}" in str(refused.value)
+
+
+def test_a_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_bound_one() -> None:
+    """Outgoing connections take their source ports from the ephemeral range; a gang's rendezvous
+    port picked there could be taken before torchrun binds it, and the trainer exited 1."""
+    low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    taken_port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken_port))
+        other_port = free_port()
+        picks = iter([taken_port, other_port])
+
+        class Scripted(random.Random):
+            def choice(self, seq: Any) -> Any:
+                return next(picks)
+
+        assert free_port(Scripted()) == other_port
+    assert all(not low <= free_port() <= high for _ in range(50))
