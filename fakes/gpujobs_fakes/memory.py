@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from gpujobs.adapters.dynamodb import sized_job_item
 from gpujobs.contract import LIVE_STATES
+from gpujobs.domain import retention
 from gpujobs.domain.job import Job
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
@@ -167,6 +168,20 @@ class InMemoryJobStore:
                 raise error
             on_unreadable(error)
         return jobs
+
+    def list_ended(self, *, before: datetime, limit: int) -> list[Job]:
+        """The sparse `ByEnd` index: unreadable items are skipped, as the adapter logs and skips them."""
+        self.faults.check("list_ended")
+        indexed = self._jobs if self._index is None else self._index
+        ended = [
+            (end, job)
+            for job in indexed.values()
+            if job.job_id not in self._unreadable
+            and retention.objects_kept(job)
+            and (end := retention.ended_at(job)) is not None
+            and end <= before
+        ]
+        return [job for _end, job in sorted(ended, key=lambda pair: pair[0])[:limit]]
 
 
 @dataclass

@@ -37,10 +37,20 @@ class RecordingPublisher:
 class InMemoryBlobStore:
     bucket: str = "checkpoints"
     objects: dict[str, str] = field(default_factory=dict)
+    deleted_prefixes: list[str] = field(default_factory=list)
 
     def put_text(self, key: str, text: str) -> str:
         self.objects[key] = text
         return f"s3://{self.bucket}/{key}"
+
+    def delete_prefix(self, prefix: str, *, max_keys: int) -> bool:
+        if not prefix.endswith("/") or prefix == "/":
+            raise ValueError(f"refusing to delete under {prefix!r}: a job's prefix ends with '/'")
+        under = sorted(key for key in self.objects if key.startswith(prefix))
+        for key in under[:max_keys]:
+            del self.objects[key]
+        self.deleted_prefixes.append(prefix)
+        return len(under) <= max_keys
 
 
 @dataclass

@@ -21,6 +21,7 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,17 @@ def _run_flows(stack: MotoStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         _submit(stack, checkpoint="directory")
         _invoke("budget", _budget_breach())
         _invoke("reconciler", {"source": "aws.scheduler"})
+        # a month after the first job ended, the reconciler deletes its objects under jobs/<job-id>/
+        store = DynamoJobStore(table_name=stack.table, client=stack.ddb)
+        ended = store.get(job.job_id)
+        assert ended.state is JobState.SUCCEEDED
+        month_ago = tuple(e.model_copy(update={"at": e.at - timedelta(days=31)}) for e in ended.history)
+        store.save(ended.model_copy(update={"history": month_ago}))
+        archive = f"jobs/{job.job_id}/code/{'0' * 64}.tar.gz"  # the CLI's upload, not a call of the stack's
+        stack.s3.put_object(Bucket=stack.bucket, Key=archive, Body=b"code")
+        _invoke("reconciler", {"source": "aws.scheduler"})
+        assert store.get(job.job_id).objects_deleted_at is not None
+        assert stack.s3.list_objects_v2(Bucket=stack.bucket, Prefix=f"jobs/{job.job_id}/")["KeyCount"] == 0
         # the instance logs in to a registry of another region (the Deep Learning Containers')
         _pull_an_image(tmp_path, monkeypatch)
     return list(calls)
@@ -256,6 +268,7 @@ def test_the_flows_reach_every_role_the_stack_defines_and_the_calls_the_issue_na
         r.action for c in flows if c.principal in ("InstanceRole", "JobRole") for r, _, _ in judged(c)
     }
     assert ("CredentialsFunction", "sts", "AssumeRole") in made
+    assert {("ReconcilerFunction", "s3", "ListObjectsV2"), ("ReconcilerFunction", "s3", "DeleteObjects")} <= made
 
 
 def test_a_stack_with_a_customer_managed_ebs_key_may_have_ec2_use_it_for_every_launch(flows: list[Call]) -> None:

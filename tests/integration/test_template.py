@@ -349,14 +349,14 @@ def test_a_message_failing_5_times_lands_in_an_encrypted_dlq_that_raises_an_alar
 
 
 # ------------------------------------------------------------------------------- state
-def test_table_has_point_in_time_recovery_encryption_and_both_indexes() -> None:
+def test_table_has_point_in_time_recovery_encryption_and_its_three_indexes() -> None:
     table = resource("JobsTable")
 
     assert table["Type"] == "AWS::DynamoDB::Table"
     assert table["Properties"]["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
     assert table["Properties"]["SSESpecification"] == {"SSEEnabled": True}
     assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
-    assert table_index_names() == ["ByState", "ByInstance"]
+    assert table_index_names() == ["ByState", "ByInstance", "ByEnd"]
 
 
 def test_checkpoint_bucket_is_private_encrypted_and_tls_only() -> None:
@@ -374,13 +374,20 @@ def test_checkpoint_bucket_is_private_encrypted_and_tls_only() -> None:
     )
 
 
-def test_checkpoints_under_jobs_expire_after_the_retention_parameter() -> None:
-    (rule,) = [r for r in properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"] if "ExpirationInDays" in r]
+def test_no_rule_expires_current_objects_the_reconciler_deletes_ended_jobs_after_the_retention_parameter() -> None:
+    """A rule counts from each object's creation: it expired a running job's unchanged blobs and its
+    code archive (issue 19, item 12). An ended job's prefix goes by the reconciler, from its end."""
+    rules = properties("CheckpointBucket")["LifecycleConfiguration"]["Rules"]
+    reconciler = properties("ReconcilerFunction")
+    indexes = {i["IndexName"]: i for i in properties("JobsTable")["GlobalSecondaryIndexes"]}
 
-    assert rule["Status"] == "Enabled"
-    assert rule["Prefix"] == "jobs/"  # only there: outputs/ and bootstrap/ are kept until deleted
-    assert rule["ExpirationInDays"] == {"Ref": "CheckpointRetentionDays"}
-    assert parameter_default("CheckpointRetentionDays") == 30  # not shortened (issue 19: active jobs' blobs)
+    assert not [r for r in rules if "ExpirationInDays" in r or "ExpirationDate" in r]
+    assert reconciler["Environment"]["Variables"]["CHECKPOINT_RETENTION_DAYS"] == {"Ref": "CheckpointRetentionDays"}
+    assert parameter_default("CheckpointRetentionDays") == 30
+    assert [k["AttributeName"] for k in indexes["ByEnd"]["KeySchema"]] == ["objects_kept", "ended_at"]
+    statements = {s["Sid"]: s for p in reconciler["Policies"] if isinstance(p, dict) for s in p.get("Statement", [])}
+    assert statements["DeleteEndedJobsObjects"]["Resource"] == {"Fn::Sub": "${CheckpointBucket.Arn}/jobs/*"}
+    assert statements["ListEndedJobsObjects"]["Condition"] == {"StringLike": {"s3:prefix": "jobs/*"}}
 
 
 def test_replaced_versions_go_after_a_day_everywhere_and_so_do_uploads_cut_short() -> None:

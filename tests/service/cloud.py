@@ -15,19 +15,22 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
+from gpujobs.domain import retention
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.deadline import DeadlineMarkets, launch_markets
 from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.hangs import launched_at
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job_access import job_prefix
 from gpujobs.domain.launching import LEASE_MARGIN
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
@@ -54,7 +57,14 @@ CAPACITY_MESSAGE = (
     "by not specifying an Availability Zone in your request or choosing us-east-1b, us-east-1c, us-east-1d."
 )
 """EC2's own InsufficientInstanceCapacity message: the ~250 characters every refusal records."""
+OBJECT_RETENTION = timedelta(hours=1)
+"""How long an ended job's objects are kept here: two of the clock's half-hour jumps, or its 4 h one, cross it."""
 RUN_INSTANCES_SECONDS = 10
+FALLBACKS = {
+    DeadlineMarkets.SPOT_FIRST: (Market.ON_DEMAND, Market.SPOT),
+    DeadlineMarkets.ON_DEMAND: (Market.ON_DEMAND,),
+}
+"""A replacement may land on the market its move left when the deadline, as its walk found it, allows it."""
 """What one RunInstances call spends of its invocation's time (the simulation's clock stands still)."""
 EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED, ExitCode.SYNC_FAILED)
 CONFIG_ERROR_CODES = (ExitCode.CONFIG_ERROR, 2)
@@ -131,6 +141,10 @@ class SimulatedCloud:
     """How many of the signaller's checkpoint-now calls the trainers have answered (each that reached
     its instances: a call that failed after SSM took it counts, one that failed before does not)."""
     quiet_since: datetime | None = None
+    objects: dict[str, str] = field(default_factory=dict)
+    deadline_markets: dict[tuple[str, int], DeadlineMarkets | None] = field(default_factory=dict)
+    """What the deadline allowed each attempt's launch when its walk asked EC2 (`deadline.launch_markets`)."""
+    """Job id -> the object its submitter stored under the job's prefix (the `code:` archive)."""
 
     def __post_init__(self) -> None:
         world = self.world
@@ -143,6 +157,7 @@ class SimulatedCloud:
             reports_throttled_at=self._reports_throttled_at,
         )
         world.compute.on_run = self._refuse_with_ec2_message
+        world.reconciler = replace(world.reconciler, object_retention=OBJECT_RETENTION)
         self.budgets = BudgetReactions(ports=world.ports, reactions=world.reactions, stack_name="chaos")
 
     @property
@@ -200,7 +215,12 @@ class SimulatedCloud:
         }
 
     def submit(self, body: str, message_id: str) -> bool:
-        return self.attempt(lambda: self.world.service.handle_message(body, message_id=message_id))
+        handled = self.attempt(lambda: self.world.service.handle_message(body, message_id=message_id))
+        for job in self.jobs():  # the CLI uploaded its code archive before it sent the message
+            if job.job_id not in self.objects and not job.state.is_terminal:
+                self.objects[job.job_id] = f"{job_prefix(job.job_id)}code/archive.tar.gz"
+                self.world.blobs.objects[self.objects[job.job_id]] = "code"
+        return handled
 
     def reconcile(self) -> bool:
         self.last_reconcile = self.now
@@ -260,6 +280,8 @@ class SimulatedCloud:
     # ---- EC2 ----------------------------------------------------------------------------------
     def _refuse_with_ec2_message(self, request: LaunchRequest) -> None:
         self.spent_seconds += RUN_INSTANCES_SECONDS
+        markets = launch_markets(self.world.store.get(request.job_id), now=self.now)
+        self.deadline_markets[(request.job_id, request.attempt)] = markets  # what the walk's ladder followed
         pool = (request.instance_type, request.subnet.zone, request.market.value)
         code = self.refused.get(pool)
         if code in QUOTA_ERROR_CODES:
@@ -415,6 +437,21 @@ class SimulatedCloud:
         problems += self._moves_that_went_nowhere(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
+        problems += self._objects_deleted_early(jobs)
+        return problems
+
+    def _objects_deleted_early(self, jobs: dict[str, Job]) -> list[str]:
+        """A job's objects go only `OBJECT_RETENTION` after it ended, never while it is active, and a
+        job noted as swept has nothing left under its prefix."""
+        problems = []
+        stored = self.world.blobs.objects
+        for job_id, key in self.objects.items():
+            job = jobs[job_id]
+            end = retention.ended_at(job)
+            if key not in stored and (end is None or self.now - end < OBJECT_RETENTION):
+                problems.append(f"{job_id}: its objects were deleted while {job.state} (ended {end})")
+            if job.objects_deleted_at is not None and any(k.startswith(job_prefix(job_id)) for k in stored):
+                problems.append(f"{job_id}: noted as swept at {job.objects_deleted_at} with objects left")
         return problems
 
     @staticmethod
@@ -474,6 +511,8 @@ class SimulatedCloud:
                     continue
                 if any(old.interrupted_at <= t <= new.started_at for t in self.budget_alerts_at):
                     continue  # a policy tightened in between: the replacement follows it
+                if new.market in FALLBACKS.get(self.deadline_markets.get((job.job_id, new.number)), ()):
+                    continue  # its walk began after the move's slack was gone: the deadline now allows it
                 problems.append(
                     f"{job.job_id}: attempt {old.number} moved for its deadline, and attempt {new.number}"
                     f" launched on the same market ({new.market})"

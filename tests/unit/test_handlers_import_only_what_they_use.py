@@ -61,6 +61,7 @@ EVERY_HANDLER = {
     *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states")),
     "gpujobs.domain.trainer_settings",
     "gpujobs.domain.records",  # how the store reads and writes a record of any neighbouring release
+    "gpujobs.domain.retention",  # the store writes the sparse ByEnd key of an ended job (pure, 50 lines)
     "gpujobs.domain.stored",
     "gpujobs.runtime",
     "gpujobs.runtime.bootstrap",

@@ -3,8 +3,9 @@
 Every save is a transaction whose first write is conditional on the version that was read, so a
 lost race (a failed condition, or a TransactionConflict with a concurrent transaction on the same
 item) surfaces as ConcurrentUpdateError instead of a silent overwrite or a crash. The job item carries
-`state` and `updated_at` for the sparse `ByState` index; instance items carry `instance_id` for the
-`ByInstance` index. Both lookups are queries; nothing here scans.
+`state` and `updated_at` for the `ByState` index, and an ended job whose objects are kept carries
+`objects_kept` and `ended_at` for the sparse `ByEnd` index (`domain.retention`); instance items carry
+`instance_id` for the `ByInstance` index. Every lookup is a query; nothing here scans.
 
 The record itself is the `doc` attribute, JSON, read and written as `domain.records` says: a newer
 release's fields are kept on write-back, and every write stamps `schema_version`. An item this release
@@ -17,12 +18,15 @@ before it writes and refuses an oversized one with JobRecordTooLargeError, as do
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from gpujobs.domain import retention
 from gpujobs.domain.job import Job
 from gpujobs.domain.records import RECORD_SCHEMA_VERSION, read_record, record_json
 from gpujobs.domain.states import JobState
@@ -41,7 +45,11 @@ if TYPE_CHECKING:
 
     Item = dict[str, AttributeValueTypeDef]
 
+log = logging.getLogger(__name__)
+
 JOB_SK = "JOB"
+OBJECTS_KEPT = "ended"
+"""The `ByEnd` index's one partition: ended jobs whose objects are still kept."""
 LOST_RACE_CODES = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
 """Cancellation reasons that mean another writer got there first: the version check failed, or
 another transaction was writing the same item at that moment. The service retries both."""
@@ -178,7 +186,6 @@ class DynamoJobStore:
         team: str | None = None,
         on_unreadable: UnreadableObserver | None = None,
     ) -> list[Job]:
-        jobs: list[Job] = []
         names, values = {"#s": "state"}, {":s": {"S": state.value}}
         kwargs: QueryInputTypeDef = {
             "TableName": self._table,
@@ -191,6 +198,25 @@ class DynamoJobStore:
         if team is not None:  # filtered after each page is read: the loop reads on until `limit` match
             kwargs["FilterExpression"] = "#t = :t"
             names["#t"], values[":t"] = "team", {"S": team}
+        return self._query(kwargs, limit, on_unreadable)
+
+    def list_ended(self, *, before: datetime, limit: int) -> list[Job]:
+        kwargs: QueryInputTypeDef = {
+            "TableName": self._table,
+            "IndexName": "ByEnd",
+            "KeyConditionExpression": "objects_kept = :k AND ended_at <= :b",
+            "ExpressionAttributeValues": {":k": {"S": OBJECTS_KEPT}, ":b": {"S": before.isoformat()}},
+            "ScanIndexForward": True,
+        }
+
+        def skip(error: UnreadableJobError) -> None:
+            log.error("skipping the unreadable ended record of %s: %s", error.job_id, error.problem)
+
+        return self._query(kwargs, limit, skip)
+
+    def _query(self, kwargs: QueryInputTypeDef, limit: int, on_unreadable: UnreadableObserver | None) -> list[Job]:
+        """Up to `limit` jobs of an index query, page after page."""
+        jobs: list[Job] = []
         while len(jobs) < limit:
             kwargs["Limit"] = limit - len(jobs)
             page = self._ddb.query(**kwargs)
@@ -259,7 +285,16 @@ def job_item(job: Job) -> Item:
         "version": {"N": str(job.version)},
         "schema_version": {"N": str(RECORD_SCHEMA_VERSION)},
         "doc": {"S": record_json(job, exclude=frozenset({"version"}))},
+        **_ended_attributes(job),
     }
+
+
+def _ended_attributes(job: Job) -> Item:
+    """The sparse `ByEnd` index's key, only on an ended job whose objects are kept."""
+    end = retention.ended_at(job)
+    if end is None or not retention.objects_kept(job):
+        return {}
+    return {"objects_kept": {"S": OBJECTS_KEPT}, "ended_at": {"S": end.isoformat()}}
 
 
 def schema_version_of(item: Item) -> int:

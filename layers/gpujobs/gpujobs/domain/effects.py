@@ -112,6 +112,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     BUDGET_APPLIED = "budget policy applied"
     MARKET_CHANGED = "moved to the market the deadline needs"
+    OBJECTS_DELETED = "the ended job's objects deleted"
     # ---- ignored ----
     NOT_OURS = "ignored: not a gpujobs instance"
     UNKNOWN_JOB = "ignored: no such job"

@@ -276,6 +276,8 @@ class Job(_Frozen):
     stop_request: StopRequest | None = None
     source_message_id: str | None = None
     status_detail: Detail = Field(default="", description="last human-readable word on this job")
+    objects_deleted_at: datetime | None = None
+    """When the reconciler deleted the ended job's objects under its prefix (`domain.retention`)."""
 
     # ---- queries -------------------------------------------------------------------------
     @property

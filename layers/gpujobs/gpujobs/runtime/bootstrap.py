@@ -298,7 +298,8 @@ def reports() -> Reports:
 def reconciler() -> Reconciler:
     from gpujobs.service.reconcile import Reconciler
 
-    return Reconciler(ports=ports(), jobs=job_service(), reactions=reactions())
+    kept_for = timedelta(days=settings().checkpoint_retention_days)
+    return Reconciler(ports=ports(), jobs=job_service(), reactions=reactions(), object_retention=kept_for)
 
 
 @functools.cache

@@ -41,6 +41,19 @@ def _split(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number of days, not {text!r}") from None
+    if value < 1:
+        raise SettingsError(f"{name} must be at least 1, not {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     table_name: str
@@ -69,6 +82,8 @@ class Settings:
     """The instances' role (template.yaml `InstanceRole`): only its sessions may ask for a job session."""
     credentials_function: str = ""
     """The function instances ask for their job session (template.yaml `CredentialsFunction`)."""
+    checkpoint_retention_days: int = 30
+    """Days an ended job's objects are kept (template.yaml `CheckpointRetentionDays`, `domain.retention`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, needs: Iterable[Need] = ()) -> Settings:
@@ -98,4 +113,5 @@ class Settings:
             reports_function_name=env.get("REPORTS_FUNCTION_NAME", "").strip(),
             instance_role_arn=env.get("INSTANCE_ROLE_ARN", "").strip(),
             credentials_function=env.get("CREDENTIALS_FUNCTION", "").strip(),
+            checkpoint_retention_days=_positive_int(env, "CHECKPOINT_RETENTION_DAYS", 30),
         )

@@ -102,6 +102,9 @@ class JobStore(Protocol):
         """Newest first, from the ByState index; only `team`'s jobs when given. A record this release
         cannot read is handed to `on_unreadable` and skipped, or raises UnreadableJobError without it."""
 
+    def list_ended(self, *, before: datetime, limit: int) -> list[Job]:
+        """Ended jobs whose objects are kept (`domain.retention`), ended at or before `before`, oldest end first."""
+
 
 # ---- compute ------------------------------------------------------------------------------
 
@@ -167,9 +170,8 @@ class LaunchRejectedError(Exception):
 
 
 class LaunchTokenMismatchError(Exception):
-    """EC2 remembers this request's ClientToken from a request with other parameters
-    (`IdempotentParameterMismatch`): that earlier request may have launched this attempt's gang.
-    Adopt what it launched, or move on to the next rung; never a reason to fail the job."""
+    """EC2 remembers this request's ClientToken from one with other parameters (`IdempotentParameterMismatch`):
+    it may have launched this attempt's gang. Adopt what it launched, or try the next rung; never fail the job."""
 
     def __init__(self, client_token: str, message: str = "") -> None:
         super().__init__(f"IdempotentParameterMismatch for {client_token}: {message}".rstrip(": "))
@@ -184,8 +186,7 @@ class Compute(Protocol):
 
     def run_instances(self, request: LaunchRequest) -> list[LaunchedInstance]:
         """Launch `count` instances or none. CapacityError (QuotaExceededError for a vCPU quota) /
-        LaunchRejectedError on refusal;
-        LaunchTokenMismatchError when the client token was used before with other parameters."""
+        LaunchRejectedError on refusal; LaunchTokenMismatchError: the token was used with other parameters."""
 
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         """Non-terminated instances tagged with this job (and attempt)."""
@@ -193,9 +194,8 @@ class Compute(Protocol):
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
 
     def state_reason(self, instance_id: str) -> str | None:
-        """EC2's `StateReason` of a stopped or terminated instance (DescribeInstances shows a
-        terminated one for about an hour), e.g. `Client.InternalError: Client error on launch`; None
-        when there is none."""
+        """EC2's `StateReason` of a stopped or terminated instance (shown for about an hour after it is
+        terminated), e.g. `Client.InternalError: Client error on launch`; None when there is none."""
 
     def stop(self, instance_ids: Sequence[str]) -> None:
         """Stop (not terminate) on-demand instances; spot instances cannot be stopped."""
@@ -286,8 +286,7 @@ class IdleAlarms(Protocol):
         """The instances that have an idle alarm of this stack."""
 
     def states(self) -> list[IdleAlarmState]:
-        """Every idle alarm of this stack with its last evaluation (the reconciler's sweep: one
-        paginated DescribeAlarms, the call `instance_ids` makes)."""
+        """Every idle alarm of this stack with its last evaluation (one paginated DescribeAlarms)."""
 
 
 class BudgetBook(Protocol):
@@ -322,12 +321,10 @@ class MetricsRecorder(Protocol):
 
 class ReportKeys(Protocol):
     def key_for(self, *, job_id: str, attempt: int) -> bytes:
-        """The attempt's report key (`domain.report_auth.report_key` under the stack secret's current
-        version): what a launch hands the attempt."""
+        """The attempt's report key under the secret's current version (`domain.report_auth.report_key`)."""
 
     def verifying_keys(self, *, job_id: str, attempt: int, now: datetime) -> Sequence[bytes]:
-        """Every key a report of the attempt is accepted under: the current version's, and the
-        previous version's while the grace after a rotation lasts (`adapters.secrets`)."""
+        """The keys a report is accepted under: the current version's, the previous one's in a rotation's grace."""
 
     def refresh(self) -> bool:
         """Read the secret again, unless it was read moments ago; True when it changed."""
@@ -365,6 +362,9 @@ class EventPublisher(Protocol):
 class BlobStore(Protocol):
     def put_text(self, key: str, text: str) -> str:
         """Store text under key in the stack's bucket; return its s3:// URI."""
+
+    def delete_prefix(self, prefix: str, *, max_keys: int) -> bool:
+        """Delete up to `max_keys` objects under `prefix`; True once none is left under it."""
 
 
 class Clock(Protocol):

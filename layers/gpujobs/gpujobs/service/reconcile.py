@@ -27,20 +27,20 @@ A run works in order of what a lost minute costs most:
    past their lease, then queued jobs whose next try is due, longest-waiting first. It stops while
    `LAUNCH_WORK_RESERVE` of the run's deadline is left; what is left over waits for the next run,
    so a crowd of queued jobs in a capacity crunch never starves the repairs above.
+5. The objects of jobs that ended `object_retention` ago (`domain.retention`), with the time left.
 
 An item this release cannot read (a newer release's record, after a rollback) never stops a run:
 the listing skips it, logs its key and counts it (`UNREADABLE_RECORDS_SKIPPED`); its instances,
 placement groups and security group are left alone, since nothing here can tell whether they are
 still its job's. The rest of the run goes on.
 
-It is also where level-triggered effects converge: each tick settles every RUNNING job, which
-issues a due policy stop again while its instances live; records instances EC2 shows stopping or
-stopped (a lost `stopped` event); recreates the idle alarms a RUNNING GPU job lacks and deletes
-those of attempts that are over; notes, once per attempt, a job whose idle alarms get no GPU
-metric (`domain.idle_detection`). The stopped instances of a job that ended STOPPED are kept on
-purpose (an on-demand policy stop stops rather than terminates, so the disk stays for inspection
-and costs only its EBS volume); the orphan sweep leaves them alone, and a cancel message for the
-STOPPED job terminates them.
+It is also where level-triggered effects converge: each tick settles every RUNNING job (a due
+policy stop is issued again while its instances live); records instances EC2 shows stopping or
+stopped; recreates the idle alarms a RUNNING GPU job lacks and deletes those of attempts that are
+over; notes, once per attempt, a job whose idle alarms get no GPU metric. The stopped instances of
+a job that ended STOPPED are kept on purpose (an on-demand policy stop stops rather than
+terminates, so the disk stays for inspection); the orphan sweep leaves them alone, and a cancel
+message for the STOPPED job terminates them.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from gpujobs.contract import GONE_STATES, IDLE_DETECTION_OFF
-from gpujobs.domain import decisions
+from gpujobs.domain import decisions, retention
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_early, period_rolled_over
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
 from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, Terminate, live_instances
@@ -88,6 +88,8 @@ class Reconciler:
     """For its use cases: the one write path, the actuator's effects and launches."""
     reactions: Reactions
     """For the reactions it repeats from the record: gone instances, settling, stops, deadline moves."""
+    object_retention: timedelta = retention.OBJECT_RETENTION
+    """How long an ended job's objects are kept (the template's `CheckpointRetentionDays`)."""
 
     def run(self, *, deadline: datetime | None = None) -> ReconcileReport:
         """One pass; launch work stops `LAUNCH_WORK_RESERVE` before `deadline` (the Lambda's own)."""
@@ -158,11 +160,13 @@ class Reconciler:
                 report.count(Repair.LAUNCHES_DEFERRED_TO_THE_NEXT_RUN, len(work) - done)
                 break
             self._guarded(job, report, lambda j: self._launch(j, report))
+        out_of_time = lambda: deadline is not None and ports.clock.now() >= deadline - retention.SWEEP_RESERVE  # noqa: E731
+        sweeps.delete_ended_jobs_objects(now, self.object_retention, report, out_of_time=out_of_time)
         return report
 
     def _active_jobs(self, report: ReconcileReport) -> tuple[dict[str, Job], set[str]]:
-        """Every active job once, at the newest version any state query returned it; and the ids of
-        the active items this release could not read (skipped, logged with their key, counted)."""
+        """Every active job once, at the newest version any query returned it; and the ids of the
+        active items this release could not read (skipped, logged with their key, counted)."""
         active: dict[str, Job] = {}
         unreadable: set[str] = set()
 
@@ -179,8 +183,7 @@ class Reconciler:
         return active, unreadable
 
     def _idle_alarms(self) -> list[IdleAlarmState] | None:
-        """The idle alarms and their last evaluations; None when they cannot be listed now (the
-        alarm repairs wait for the next tick, every other repair goes ahead)."""
+        """The idle alarms and their last evaluations; None when they cannot be listed now."""
         try:
             return self.ports.alarms.states()
         except Exception:
@@ -284,10 +287,9 @@ class Reconciler:
             return {}
 
     def _settle_between_attempts(self, job: Job, live: list[TaggedInstance], report: ReconcileReport) -> None:
-        """A job between attempts may still hold an unfinished one: an attempt interrupted just before
-        a budget hold (or a capacity crunch) sent its job back to the queue. No event judges it again,
-        so it would never end and its idle alarms would stay; it is settled here like a RUNNING
-        job's. Any launch that follows waits for the launch work, which comes after every repair."""
+        """A job between attempts may still hold an unfinished one (interrupted just before a budget
+        hold or a capacity crunch sent it back to the queue): no event judges it again, so it is
+        settled here like a RUNNING job's. A launch that follows waits for the launch work."""
         self._record_lost_state_changes(job, live, report)
         clock = self.ports.clock
         applied = self.jobs.change(job.job_id, lambda current: decisions.settle(current, now=clock.now()))
@@ -312,7 +314,6 @@ class Reconciler:
 
     def _delete_leaked_alarms(self, unwatched: set[str], report: ReconcileReport) -> None:
         """Alarms no RUNNING job watched this tick: deleted once the record says their attempt is over.
-
         Each is re-read, so an alarm a launch has just created is never taken for a leak; one whose
         instance the (eventually consistent) index does not know yet is left for a later tick."""
         store = self.ports.store
@@ -331,8 +332,7 @@ class Reconciler:
 
     def _terminate_reclaimed_survivors(self, job: Job, now: datetime, report: ReconcileReport) -> None:
         """The rest of a reclaimed gang whose trainers hang past the warning window and a grace:
-        terminated (again on every tick until they are seen gone), so one attempt never outlives
-        its replacement's start by more than a few minutes."""
+        terminated (again every tick until seen gone), so no attempt long outlives its replacement's start."""
         for attempt in job.attempts:
             survivors = overdue_survivors(attempt, now=now)
             if survivors:

@@ -36,6 +36,8 @@ class Repair(StrEnum):
     ORPHANS_TERMINATED = "orphans terminated"
     PLACEMENT_GROUPS_DELETED = "placement groups deleted"
     JOB_SECURITY_GROUPS_DELETED = "job security groups deleted"
+    ENDED_JOBS_OBJECTS_DELETED = "ended jobs' objects deleted"
+    """Jobs whose prefix was emptied `CheckpointRetentionDays` after they ended (`domain.retention`)."""
     BUDGET_HOLDS_RELEASED = "budget holds released"
     REPLACEMENTS_LAUNCHED = "replacements launched"
     STUCK_LAUNCHES_TAKEN_OVER = "stuck launches taken over"

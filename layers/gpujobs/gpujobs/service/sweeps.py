@@ -1,5 +1,6 @@
 """The reconciler's stack-wide sweeps: orphan instances, placement groups and security groups that
-no active attempt accounts for (`service.reconcile` runs them once a pass; its docstring says when).
+no active attempt accounts for, and the objects of jobs long ended (`service.reconcile` runs them
+once a pass; its docstring says when).
 
 Each acts only after a consistent read of the job agrees: the `ByState` index the pass lists from
 is eventually consistent, and a launch creates its group or instances right after its claim is
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gpujobs.contract import STOPPED_STATES, UP_STATES
-from gpujobs.domain.effects import Terminate
+from gpujobs.domain import retention
+from gpujobs.domain.effects import Outcome, Terminate
 from gpujobs.domain.job import Job
+from gpujobs.domain.job_access import job_prefix
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import JobNotFoundError, Ports, TaggedInstance, UnreadableJobError
@@ -104,6 +108,36 @@ class StackSweeps:
                 continue
             if compute.delete_security_group(group.group_id):
                 report.count(Repair.JOB_SECURITY_GROUPS_DELETED)
+
+    def delete_ended_jobs_objects(
+        self, now: datetime, kept_for: timedelta, report: ReconcileReport, *, out_of_time: Callable[[], bool]
+    ) -> None:
+        """The objects of jobs that ended `kept_for` ago, oldest end first (`domain.retention`): the
+        job's prefix is emptied, then the record notes it, which takes the job out of the `ByEnd`
+        index. A prefix too big for one run, a failed call or a lost race is taken up next run."""
+        try:
+            ended = self.ports.store.list_ended(before=now - kept_for, limit=retention.JOBS_SWEPT_PER_RUN)
+        except Exception:
+            log.exception("could not list the ended jobs whose objects are kept")
+            report.count(Repair.ERRORS)
+            return
+        for job in ended:
+            if out_of_time():
+                return
+            if not retention.objects_due(job, now=now, retention=kept_for):
+                continue  # the index's copy is behind: the record says otherwise
+            try:
+                if not self.ports.blobs.delete_prefix(job_prefix(job.job_id), max_keys=retention.KEYS_DELETED_PER_JOB):
+                    continue
+                applied = self.jobs.change(
+                    job.job_id, lambda j: retention.objects_deleted(j, now=now, retention=kept_for)
+                )
+            except Exception:
+                log.exception("deleting the objects of %s failed", job.job_id)
+                report.count(Repair.ERRORS)
+                continue
+            if applied.decision.outcome is Outcome.OBJECTS_DELETED:
+                report.count(Repair.ENDED_JOBS_OBJECTS_DELETED)
 
     def consistent_read(self, job_id: str) -> Job | None:
         try:
