@@ -54,6 +54,9 @@ class FakeImds(LocalServer):
         self.requests: list[tuple[str, str]] = []
         self.unauthorized_gets = 0
         """GETs without a valid IMDSv2 token: a client that never does so is an IMDSv2 client."""
+        self.credentials_missing_for = 0
+        """How many more GETs of the instance profile's credentials answer 404, as IMDS can right after
+        a launch before it serves the profile (a test sets it)."""
         self._counter = 0
         self._lock = threading.Lock()
         super().__init__(self._handler(), host=host, name="fake-imds")
@@ -73,6 +76,10 @@ class FakeImds(LocalServer):
         if path == "/latest/user-data":
             return self.user_data
         prefix = "/latest/meta-data/"
+        if path.startswith(prefix + "iam/security-credentials/") and self.credentials_missing_for > 0:
+            with self._lock:
+                self.credentials_missing_for -= 1
+            return None
         if path.startswith(prefix) and path[len(prefix) :] in self.metadata:
             return self.metadata[path[len(prefix) :]].encode()
         return None

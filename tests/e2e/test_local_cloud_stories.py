@@ -20,7 +20,7 @@ from unittest import mock
 import pytest
 
 from gpujobs.domain import fate
-from gpujobs.domain.job import Market
+from gpujobs.domain.job import Job, Market
 from gpujobs.domain.states import JobState, Reason
 from gpujobs_cli.main import main as gpujobs_cli
 from gpujobs_local.cloud import Delivery
@@ -36,6 +36,15 @@ GONE = ("stopping", "stopped", "shutting-down", "terminated")
 
 def _last_reason(stage: Stage, job_id: str) -> Reason:
     return stage.job(job_id).history[-1].reason
+
+
+def _attempts_told(job: Job) -> str:
+    """What a failed story prints of how a job's attempts went (CI keeps only the assertion's text)."""
+    attempts = [
+        (a.number, a.market, a.zone, a.end_reason, a.exit_codes, a.error_line, a.interrupted_at) for a in job.attempts
+    ]
+    history = [(h.at.isoformat(), h.target.value, h.reason.value, h.attempt, h.detail) for h in job.history]
+    return f"attempts {attempts}; history {history}"
 
 
 def _attempt_number(stage: Stage, job_id: str) -> int:
@@ -343,6 +352,7 @@ def test_a_two_node_gang_interrupted_on_one_node_resumes_as_a_gang(stage: Stage)
     preempted = stage.preemption_checkpoint(job_id, 1)  # one warning, one save (or the save just made)
     job = stage.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=200)
     assert job.state is JobState.SUCCEEDED, job.status_detail
+    assert [a.number for a in job.attempts] == [1, 2], _attempts_told(job)
     reclaimed, replacement = job.attempts
     assert len(replacement.instance_ids) == 2
     assert set(replacement.instance_ids).isdisjoint(reclaimed.instance_ids)

@@ -13,6 +13,13 @@ from typing import Any
 Clients = Callable[[str], Any]
 """AWS service name -> boto3 client, in the region the job runs in."""
 
+METADATA_SERVICE_TIMEOUT = 5
+"""Seconds one request for the instance's own credentials may take (botocore's default: 1)."""
+METADATA_SERVICE_ATTEMPTS = 6
+"""Tries at them (botocore's default: 1). Right after a launch IMDS may answer slowly or not yet
+serve the instance profile, and with one 1-second try the bootstrap's first call (the rendezvous'
+DescribeInstances) failed with NoCredentialsError: seen on a loaded host, whose IMDS answered late."""
+
 
 def session_keys(credentials: dict[str, Any] | None) -> dict[str, str]:
     """boto3's keyword arguments for `credentials` (an STS `Credentials`); none for the instance's own."""
@@ -29,5 +36,24 @@ def client(service: str, region: str, *, credentials: dict[str, Any] | None = No
     """A client with the instance's own credentials, or with `credentials` (an STS `Credentials`)."""
     import boto3
 
-    keys = session_keys(credentials)
-    return boto3.client(service, region_name=region, **keys)  # type: ignore[call-overload]  # the name is a plain str here
+    if credentials is not None:
+        keys = session_keys(credentials)
+        return boto3.client(service, region_name=region, **keys)  # type: ignore[call-overload]  # the name is a plain str here
+    return instance_session(region).client(service)
+
+
+def instance_session(region: str) -> Any:
+    """A boto3 session on the instance's own credentials (the instance profile's, from IMDS, or the
+    environment's) that waits for IMDS longer than botocore's defaults (`METADATA_SERVICE_TIMEOUT`,
+    `METADATA_SERVICE_ATTEMPTS`, or what AWS_METADATA_SERVICE_TIMEOUT/_NUM_ATTEMPTS ask where that
+    is more). A new one each call (a session is not thread-safe; the bootstrap makes a few clients)."""
+    import boto3
+    import botocore.session
+
+    core = botocore.session.get_session()
+    for name, least in (
+        ("metadata_service_timeout", METADATA_SERVICE_TIMEOUT),
+        ("metadata_service_num_attempts", METADATA_SERVICE_ATTEMPTS),
+    ):
+        core.set_config_variable(name, max(least, int(core.get_config_variable(name))))
+    return boto3.Session(botocore_session=core, region_name=region)
