@@ -27,7 +27,8 @@ from urllib.parse import quote
 
 from gpujobs.adapters.catalog import gpu_counts
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.domain.job import Job, job_id_for
+from gpujobs.domain.job import Job
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.spec import MAX_SPEC_BYTES, CheckpointMode, JobSpec, json_schema, load_spec, validate_spec
 from gpujobs.domain.spec_errors import SpecError, printable
 from gpujobs.domain.states import ACTIVE_STATES, JobState

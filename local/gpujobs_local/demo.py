@@ -146,7 +146,7 @@ class Demo:
         cloud.on_delivery(self.on_delivery)
         spec = demo_spec(nodes=self.nodes)
         self.session.send(spec)
-        from gpujobs.domain.job import job_id_for
+        from gpujobs.domain.job_ids import job_id_for
 
         self.job_id = job_id_for(client_token=spec["client_token"], team=spec["team"], message_id=None)
         self.story.step(

@@ -150,7 +150,7 @@ class Tour:
         return job_id
 
     def duplicate_delivery(self) -> None:
-        from gpujobs.domain.job import job_id_for
+        from gpujobs.domain.job_ids import job_id_for
 
         self.story.step("3. SQS delivers the same message twice")
         spec = {"name": "twice", "image": "r/i:1", "command": ["python", "t.py"], "instance_types": ["g6.xlarge"]}
@@ -166,7 +166,7 @@ class Tour:
         self.summary["jobs"]["duplicate"] = {"job_id": job_id, "instances": count}
 
     def bad_spec(self) -> None:
-        from gpujobs.domain.job import job_id_for
+        from gpujobs.domain.job_ids import job_id_for
 
         self.story.step("4. A bad spec sent straight to the queue (aws sqs send-message)")
         bad = {"name": "Digits", "image": "r/i:1", "command": [], "instance_types": ["x1.32xlarge"], "nodes": 0}

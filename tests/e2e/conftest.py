@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from gpujobs.domain.job import Attempt, Job, job_id_for
+from gpujobs.domain.job import Attempt, Job
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
 from gpujobs_local.cloud import Delivery, LocalCloud

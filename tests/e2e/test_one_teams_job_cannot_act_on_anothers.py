@@ -50,7 +50,7 @@ from typing import Any
 import pytest
 
 from gpujobs.contract import INSTANCE_SOURCE, TRAINER_SOURCE, ExitCode
-from gpujobs.domain.job import job_id_for
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.report_auth import sign
 from gpujobs.domain.states import JobState
 from gpujobs.runtime.observability import metrics

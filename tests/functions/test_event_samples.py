@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.domain.job import job_id_for
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs_local.stack import LambdaContext, MotoStack, load_function
 
 pytestmark = pytest.mark.integration

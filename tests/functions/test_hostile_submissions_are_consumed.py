@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpujobs.domain.job import job_id_for
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.spec_errors import MAX_PROBLEM_CHARS, MAX_PROBLEMS
 from gpujobs.domain.states import JobState
 from gpujobs_local.stack import MotoStack

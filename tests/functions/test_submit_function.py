@@ -145,7 +145,7 @@ def test_one_bad_spec_in_a_batch_is_rejected_and_consumed_while_the_good_one_lau
 
     assert response == {"batchItemFailures": []}
     assert len(stack.instances()) == 1
-    from gpujobs.domain.job import job_id_for
+    from gpujobs.domain.job_ids import job_id_for
 
     rejected = job(stack, job_id_for(client_token=None, team=None, message_id=bad_id))
     assert rejected["state"] == "REJECTED"
@@ -203,7 +203,7 @@ def test_a_cancel_for_an_unknown_job_is_consumed_not_retried(stack: MotoStack, s
 def test_a_cost_cap_over_an_allowed_type_without_a_known_price_is_rejected(
     stack: MotoStack, submit: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpujobs.domain.job import job_id_for
+    from gpujobs.domain.job_ids import job_id_for
     from gpujobs.runtime import bootstrap
 
     monkeypatch.setenv("ALLOWED_INSTANCE_TYPES", "g5.xlarge,g6e.12xlarge")  # the table has no g6e.12xlarge

@@ -16,7 +16,8 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.domain.job import Job, job_id_for
+from gpujobs.domain.job import Job
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import JobNotFoundError
 from gpujobs_local.stack import MOTO_SENDER, MotoStack

@@ -24,7 +24,8 @@ import boto3
 import pytest
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.domain.job import Job, job_id_for
+from gpujobs.domain.job import Job
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.service.ports import JobNotFoundError
 from gpujobs_local.cli import SEND_MESSAGE
 from gpujobs_local.cloud import LocalCloud

@@ -19,7 +19,8 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.domain.job import Job, job_id_for
+from gpujobs.domain.job import Job
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
 from gpujobs_cli import commands

@@ -17,8 +17,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from gpujobs.domain.job import job_id_for
 from gpujobs.domain.job_access import session_policy
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs_cli.main import main
 from gpujobs_trainer.code_archive import unpack
 

@@ -505,9 +505,10 @@ class SimulatedCloud:
         (a move the budget or the spec would undo is not made: issue 19, item 6)."""
         problems = []
         for job in jobs.values():
-            moved_at = {e.at for e in job.history if e.reason is Reason.DEADLINE_MARKET}
+            moved = {e.attempt for e in job.history if e.reason is Reason.DEADLINE_MARKET}  # by number: a
+            # reclaim and a move can share one instant of the fake clock
             for old, new in zip(job.attempts, job.attempts[1:], strict=False):
-                if old.interrupted_at not in moved_at or not new.instance_ids or old.market is not new.market:
+                if old.number not in moved or not new.instance_ids or old.market is not new.market:
                     continue
                 if any(old.interrupted_at <= t <= new.started_at for t in self.budget_alerts_at):
                     continue  # a policy tightened in between: the replacement follows it

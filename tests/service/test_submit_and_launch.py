@@ -327,7 +327,7 @@ def test_a_rejected_spec_with_a_client_token_is_recorded_under_its_message_id_le
 ) -> None:
     # issue 10 reverses the old rule (recorded under the token's id): a bad first submission must
     # not occupy the id its corrected resubmission takes. `gpujobs submit --wait` watches both ids.
-    from gpujobs.domain.job import job_id_for
+    from gpujobs.domain.job_ids import job_id_for
 
     outcome = world.submit(spec(client_token="tok-7", team="vision", nodes=99), message_id="m-3")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpujobs.domain.job import job_id_for
+from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.states import JobState
 from gpujobs.domain.teams import parse_team_config
 from gpujobs.service.jobs import CancelRefusedError

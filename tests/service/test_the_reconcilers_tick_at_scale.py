@@ -97,3 +97,30 @@ def test_a_failed_batch_read_falls_back_to_reading_each_job(world: World) -> Non
 
     assert store.gets == 3
     assert report.repairs[Repair.ERRORS] == 0
+
+
+def test_a_tick_short_of_time_still_terminates_the_overdue_survivors_of_a_deferred_jobs_reclaimed_gang(
+    world: World,
+) -> None:
+    """Survivors are billed GPUs outliving their replacement's start: a RUNNING job whose repairs
+    wait for the next run does not keep them (they used to wait with the repairs)."""
+    running_jobs(world, 200)
+    gang = world.store.get(world.submit(spec(nodes=2), message_id="msg-gang").job.job_id)
+    world.reactions.spot_warning(gang.instance_ids[0])
+    world.compute.terminate(gang.instance_ids[:1])  # spot takes the warned node; the other's trainer hangs
+    world.reactions.instance_state(gang.instance_ids[0], "terminated")
+    replaced = world.store.get(gang.job_id)
+    assert replaced.state is JobState.RUNNING
+    assert replaced.attempt_count == 2
+    world.clock.advance(minutes=6)  # past the warning window and the reclaim grace
+    store = SlowBatchReads(world, seconds=40)
+    world.rewire(store=store)
+
+    # room for one batch before the reserve: the gang's job, updated last, is among those deferred
+    report = world.reconciler.run(deadline=world.clock.now() + REPAIR_RESERVE + timedelta(seconds=10))
+
+    assert report.repairs[Repair.RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN] == 101
+    assert report.repairs[Repair.RECLAIMED_SURVIVORS_TERMINATED] == 1
+    assert world.compute.instances[gang.instance_ids[1]].state == "terminated"
+    live_replacement = [world.compute.instances[i].state for i in replaced.instance_ids]
+    assert live_replacement == ["running", "running"]

@@ -19,7 +19,7 @@ from gpujobs.domain.deadline import (
     slack_of,
 )
 from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint
-from gpujobs.domain.job import Attempt, Job, Market, StopRequest
+from gpujobs.domain.job import MAX_ATTEMPTS_KEPT, Attempt, Job, Market, StopRequest
 from gpujobs.domain.ladder import SubnetZone, movable_markets, next_try_at, plan_ladder
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.spec_errors import SpecError
@@ -273,3 +273,29 @@ def test_a_job_that_saves_nothing_is_never_moved_since_a_move_would_restart_it()
     assert move_market(nothing_kept, now=at(45), allowed=BOTH).outcome is Outcome.NOTHING_TO_DECIDE
     # its next launch, if it is ever reclaimed, is judged on the whole work: on-demand when late
     assert launch_markets(nothing_kept, now=at(3)) is DeadlineMarkets.ON_DEMAND
+
+
+def test_a_directory_jobs_time_trained_outlives_the_attempts_the_record_lets_go() -> None:
+    """The record keeps `MAX_ATTEMPTS_KEPT` finished attempts; the training an older one's sync kept
+    is still the job's (found by the randomized proof: a 4 h sync's attempt dropped after a run of
+    short crashes, the job's time trained fell to 0 and a healthy spot attempt was moved to on-demand)."""
+    trained = trained_by_the_clock("directory", commits=True)
+    before = slack_of(trained, now=at(21))
+    first = trained.attempt(1)
+    assert first is not None
+    assert before is not None
+    after = trained.with_attempt(first.model_copy(update={"ended_at": at(20), "end_reason": "crashed"}), now=at(20))
+    for number in range(2, MAX_ATTEMPTS_KEPT + 3):  # crashes at boot, each saving nothing
+        short = Attempt(number=number, started_at=at(20), instance_ids=(f"i-{number}",), market=Market.SPOT)
+        after = after.with_attempt(short.model_copy(update={"ended_at": at(20), "end_reason": "crashed"}), now=at(20))
+    assert after.attempt(1) is None  # let go by the record
+    assert after.retired.count >= 1
+
+    standing = slack_of(after, now=at(21))
+    assert standing is not None
+    assert (
+        standing.work_left
+        == before.work_left
+        == timedelta(hours=48) - (timedelta(hours=19, minutes=50) - timedelta(minutes=9))
+    )
+    assert launch_markets(after, now=at(21)) is launch_markets(trained, now=at(21))

@@ -60,6 +60,7 @@ EVERY_HANDLER = {
     *(f"gpujobs.domain.{name}" for name in ("fate", "hardware", "job", "job_metrics", "launching", "report_auth")),
     *(f"gpujobs.domain.{name}" for name in ("reports", "spec", "spec_errors", "spec_hints", "states")),
     "gpujobs.domain.trainer_settings",
+    "gpujobs.domain.job_ids",  # the deterministic job id (out of `job`, which holds the record)
     "gpujobs.domain.records",  # how the store reads and writes a record of any neighbouring release
     "gpujobs.domain.retention",  # the store writes the sparse ByEnd key of an ended job (pure, 50 lines)
     "gpujobs.domain.stored",

@@ -9,7 +9,8 @@ from pydantic import Field
 
 from gpujobs.adapters.inbound import Detail
 from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
-from gpujobs.domain.job import JOB_ID, MAX_DETAIL_CHARS
+from gpujobs.domain.job import MAX_DETAIL_CHARS
+from gpujobs.domain.job_ids import JOB_ID
 from gpujobs.domain.reports import (
     INSTANCE_ID,
     CheckpointReport,

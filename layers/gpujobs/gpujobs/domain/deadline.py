@@ -31,14 +31,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from gpujobs.domain.effects import Decision, Launch, Outcome, SignalCheckpoint, ignore, live_instances
-from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job import BOOT_ALLOWANCE, RESTORE_ALLOWANCE, Job, Market
 from gpujobs.domain.spec import CheckpointMode, Deadline
 from gpujobs.domain.states import JobState, Reason
-
-BOOT_ALLOWANCE = timedelta(minutes=8)
-"""Launch to training: p3/p4 provisioning (about 4 min) plus a multi-GB image pull (the goodput bench)."""
-RESTORE_ALLOWANCE = timedelta(minutes=1)
-"""Loading the newest checkpoint onto the GPUs."""
 
 
 class DeadlineMarkets(StrEnum):
@@ -108,10 +103,8 @@ def time_trained(job: Job, *, running: bool) -> timedelta:
     spec, current = job.require_spec(), job.current_attempt
     warmup = BOOT_ALLOWANCE + RESTORE_ALLOWANCE
     kept = timedelta(0)
-    if spec.checkpoint is CheckpointMode.DIRECTORY:
-        for attempt in job.attempts:
-            if attempt.checkpoint_at is not None:
-                kept += max(timedelta(0), attempt.checkpoint_at - (attempt.started_at + warmup))
+    if spec.checkpoint is CheckpointMode.DIRECTORY:  # the attempts the record let go count too
+        kept = job.retired.trained + sum((attempt.trained_to_sync for attempt in job.attempts), timedelta(0))
     if running and current is not None and not current.is_over and current.last_heartbeat_at is not None:
         since = current.started_at + warmup
         if spec.checkpoint is CheckpointMode.DIRECTORY and current.checkpoint_at is not None:

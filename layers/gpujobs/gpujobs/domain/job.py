@@ -16,7 +16,6 @@ detail is capped at `MAX_DETAIL_CHARS`. What the runtime and cost caps need of a
 from __future__ import annotations
 
 import hashlib
-import re
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated
@@ -35,6 +34,10 @@ MAX_ATTEMPTS_KEPT = 4
 MAX_TRIES_KEPT = 12
 """Refused rungs kept per attempt: the newest, which say why the latest walk found nothing."""
 MAX_PROBLEMS_KEPT = 20
+BOOT_ALLOWANCE = timedelta(minutes=8)
+"""Launch to training: p3/p4 provisioning (about 4 min) plus a multi-GB image pull (the goodput bench)."""
+RESTORE_ALLOWANCE = timedelta(minutes=1)
+"""Loading the newest checkpoint onto the GPUs."""
 COMPLETED_END_REASON = "succeeded"
 """The `end_reason` of an attempt whose nodes all exited 0 (`fate.Verdict.SUCCEEDED`)."""
 
@@ -137,6 +140,12 @@ class Attempt(_Frozen):
         return max(0.0, (kept_until - self.started_at).total_seconds()) * len(self.instance_ids)
 
     @property
+    def trained_to_sync(self) -> timedelta:
+        """Training kept by its newest commit or sync: from its boot and restore up to that (`deadline.time_trained`)."""
+        since = self.started_at + BOOT_ALLOWANCE + RESTORE_ALLOWANCE
+        return max(timedelta(0), self.checkpoint_at - since) if self.checkpoint_at is not None else timedelta(0)
+
+    @property
     def pool(self) -> tuple[str, str, Market] | None:
         if self.instance_type and self.zone and self.market:
             return (self.instance_type, self.zone, self.market)
@@ -184,18 +193,20 @@ class RetiredAttempts(_Frozen):
     no_capacity_in_a_row: int = 0
     """How many of the newest retired attempts found no capacity (or no quota), so the retry backoff keeps growing."""
     boot_deaths_in_a_row: int = 0
-    """How many of the newest retired attempts that launched instances saw them die at boot
-    (`fate.boot_deaths_in_a_row` goes on counting past the record's kept attempts)."""
+    """Newest retired attempts in a row that saw their instances die at boot (`fate.boot_deaths_in_a_row`)."""
     progressed: bool = False
     """Whether any retired attempt heartbeated or committed a checkpoint (`fate.made_progress`)."""
+    trained_seconds: float = 0.0
+    """What the retired attempts' commits or syncs kept of training (`Attempt.trained_to_sync`)."""
 
     def including(self, attempt: Attempt) -> RetiredAttempts:
         in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason in WAITING_FOR_ROOM else 0
         heard = attempt.last_heartbeat_at is not None or attempt.checkpoint_step is not None
         progressed = self.progressed or heard
+        trained = self.trained_seconds + attempt.trained_to_sync.total_seconds()
         if not attempt.instance_ids or attempt.ended_at is None:
             update = {"count": self.count + 1, "no_capacity_in_a_row": in_a_row, "progressed": progressed}
-            return self.model_copy(update=update)
+            return self.model_copy(update={**update, "trained_seconds": trained})
         boot_deaths = self.boot_deaths_in_a_row + 1 if attempt.end_reason == Reason.DIED_AT_BOOT.value else 0
         held = (attempt.ended_at - attempt.started_at).total_seconds()
         market = attempt.market or Market.ON_DEMAND
@@ -228,11 +239,16 @@ class RetiredAttempts(_Frozen):
             no_capacity_in_a_row=in_a_row,
             boot_deaths_in_a_row=boot_deaths,
             progressed=progressed,
+            trained_seconds=trained,
         )
 
     @property
     def runtime(self) -> timedelta:
         return timedelta(seconds=self.runtime_seconds)
+
+    @property
+    def trained(self) -> timedelta:
+        return timedelta(seconds=self.trained_seconds)
 
 
 class StopRequest(_Frozen):
@@ -423,22 +439,3 @@ class Job(_Frozen):
             source_message_id=message_id,
             status_detail="; ".join(problems),
         )
-
-
-JOB_ID = re.compile(r"j-[0-9a-f]{16}")
-"""What `job_id_for` produces: anything else names no job of ours."""
-
-
-def job_id_for(*, client_token: str | None, team: str | None, message_id: str | None) -> str:
-    """A deterministic job id, so that a redelivered message or a resubmitted token maps to one job.
-
-    With a client_token the id depends on (team, token); otherwise on the SQS message id, which
-    SQS keeps across redeliveries of the same message.
-    """
-    if client_token:
-        key = f"token:{team or 'default'}:{client_token}"
-    elif message_id:
-        key = f"message:{message_id}"
-    else:
-        raise ValueError("a job id needs a client_token or a message id")
-    return "j-" + hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -38,6 +38,9 @@ TERMINAL_STATES = frozenset(
     {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED, JobState.REJECTED}
 )
 ACTIVE_STATES = tuple(s for s in JobState if s not in TERMINAL_STATES)
+MAX_ACTIVE_JOBS = 20_000
+"""Jobs one listing of an active state returns (the reconciler's tick, a budget hold's stops): twice
+the 10,000 running that the tick is measured at (bench/)."""
 
 
 class Reason(StrEnum):

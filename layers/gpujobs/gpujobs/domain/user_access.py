@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from gpujobs.contract import OUTPUTS_PREFIX
-from gpujobs.domain.job import JOB_ID
+from gpujobs.domain.job_ids import JOB_ID
 from gpujobs.domain.spec import TEAM_PATTERN
 
 

@@ -19,7 +19,7 @@ from gpujobs.domain.budget import ALL_SCOPE, BudgetMode, BudgetPolicy, hold_over
 from gpujobs.domain.budget_alerts import UnparsedAlert, decide_budget_mode, parse_budget_notification
 from gpujobs.domain.cost_anomaly import CostAnomaly, anomaly_is_significant, anomaly_reason
 from gpujobs.domain.effects import Outcome
-from gpujobs.domain.states import JobState, Reason
+from gpujobs.domain.states import MAX_ACTIVE_JOBS, JobState, Reason
 from gpujobs.service.ports import Ports, UnreadableJobError
 from gpujobs.service.reactions import Reaction, Reactions
 
@@ -62,7 +62,9 @@ class BudgetReactions:
         )
         stopping = 0
         if policy.mode is BudgetMode.HOLD:
-            for job in ports.store.list_by_state(JobState.RUNNING, limit=5000, on_unreadable=_skip_unreadable):
+            for job in ports.store.list_by_state(
+                JobState.RUNNING, limit=MAX_ACTIVE_JOBS, on_unreadable=_skip_unreadable
+            ):
                 if hold_over(job.team, [policy]) is not None:
                     asked = self.reactions.request_stop(
                         job.job_id, Reason.BUDGET_EXCEEDED, detail=f"budget: {policy.reason}"

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 from gpujobs.domain.budget import BudgetMode, BudgetPolicy, launch_hold
 from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
-from gpujobs.domain.job import JOB_ID, Job, job_id_for
+from gpujobs.domain.job import Job
+from gpujobs.domain.job_ids import JOB_ID, job_id_for
 from gpujobs.domain.launching import cancel, claim_launch, invocation_lease
 from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
 from gpujobs.domain.spec_errors import SpecError

@@ -25,7 +25,8 @@ from datetime import datetime
 from gpujobs.contract import GONE_STATES, idle_alarm_name
 from gpujobs.domain import decisions
 from gpujobs.domain.effects import Decision, Outcome
-from gpujobs.domain.job import JOB_ID, Job
+from gpujobs.domain.job import Job
+from gpujobs.domain.job_ids import JOB_ID
 from gpujobs.domain.reports import INSTANCE_ID, Report
 from gpujobs.domain.states import Reason
 from gpujobs.service.jobs import JobService

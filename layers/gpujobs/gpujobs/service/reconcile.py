@@ -61,7 +61,7 @@ from gpujobs.domain.hangs import hang_of
 from gpujobs.domain.idle_detection import note_idle_detection_off
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
-from gpujobs.domain.states import ACTIVE_STATES, JobState, Reason
+from gpujobs.domain.states import ACTIVE_STATES, MAX_ACTIVE_JOBS, JobState, Reason
 from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import IdleAlarmState, Ports, TaggedInstance, UnreadableJobError
 from gpujobs.service.reactions import Reactions
@@ -70,8 +70,6 @@ from gpujobs.service.sweeps import StackSweeps
 
 log = logging.getLogger(__name__)
 
-MAX_ACTIVE_JOBS = 20_000
-"""Jobs one run lists per state: twice the 10,000 running its tick is measured at (bench/)."""
 LAUNCH_WORK_RESERVE = timedelta(seconds=30)
 """Launch work starts only while this much of the run is left: one ladder walk fits in it."""
 REPAIR_RESERVE = LAUNCH_WORK_RESERVE + timedelta(seconds=15)
@@ -95,6 +93,10 @@ class Reconciler:
         """One pass; launch work stops `LAUNCH_WORK_RESERVE` before `deadline` (the Lambda's own)."""
         ports = self.ports
         now = ports.clock.now()
+
+        def near(reserve: timedelta) -> bool:
+            return deadline is not None and ports.clock.now() >= deadline - reserve
+
         report = ReconcileReport()
         holds = self._budget_holds(now.date(), report)
         active, unreadable = self._active_jobs(report)
@@ -116,16 +118,14 @@ class Reconciler:
         silent = frozenset(a.instance_id for a in alarms or () if a.had_datapoints is False)
         watched: set[str] = set()
         throttled = self._reports_throttled_at(now, active.values())
-        for job in active.values():
-            if job.state is JobState.RUNNING:
-                continue
+        for job in active.values():  # survivors of a reclaimed gang go even if a RUNNING job's repairs wait
             self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
-            if any(not a.is_over and a.instance_ids for a in job.attempts):
+            if job.state is not JobState.RUNNING and any(not a.is_over and a.instance_ids for a in job.attempts):
                 self._guarded(job, report, lambda j: self._settle_between_attempts(j, by_job[j.job_id], report))
         running = sorted((j for j in active.values() if j.state is JobState.RUNNING), key=lambda j: j.updated_at)
         batch: dict[str, Job] = {}  # the chunk's records, read consistently just before its repairs
         for start in range(0, len(running), READ_BATCH):
-            if deadline is not None and ports.clock.now() >= deadline - REPAIR_RESERVE:
+            if near(REPAIR_RESERVE):
                 report.count(Repair.RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN, len(running) - start)
                 watched.update(i for job in running[start:] for i in job.instance_ids)  # their alarms stay
                 break
@@ -133,7 +133,6 @@ class Reconciler:
             batch.clear()
             batch.update(self._read_consistently(chunk))
             for job in chunk:
-                self._guarded(job, report, lambda j: self._terminate_reclaimed_survivors(j, now, report))
                 self._guarded(
                     job,
                     report,
@@ -156,12 +155,13 @@ class Reconciler:
         sweeps.delete_ended_jobs_security_groups(active, unreadable, by_job, report)
         work = _launch_work(active.values(), now)
         for done, job in enumerate(work):
-            if deadline is not None and ports.clock.now() >= deadline - LAUNCH_WORK_RESERVE:
+            if near(LAUNCH_WORK_RESERVE):
                 report.count(Repair.LAUNCHES_DEFERRED_TO_THE_NEXT_RUN, len(work) - done)
                 break
             self._guarded(job, report, lambda j: self._launch(j, report))
-        out_of_time = lambda: deadline is not None and ports.clock.now() >= deadline - retention.SWEEP_RESERVE  # noqa: E731
-        sweeps.delete_ended_jobs_objects(now, self.object_retention, report, out_of_time=out_of_time)
+        sweeps.delete_ended_jobs_objects(
+            now, self.object_retention, report, out_of_time=lambda: near(retention.SWEEP_RESERVE)
+        )
         return report
 
     def _active_jobs(self, report: ReconcileReport) -> tuple[dict[str, Job], set[str]]:
@@ -331,8 +331,7 @@ class Reconciler:
             report.count(Repair.IDLE_ALARMS_DELETED, len(leaked))
 
     def _terminate_reclaimed_survivors(self, job: Job, now: datetime, report: ReconcileReport) -> None:
-        """The rest of a reclaimed gang whose trainers hang past the warning window and a grace:
-        terminated (again every tick until seen gone), so no attempt long outlives its replacement's start."""
+        """A reclaimed gang's rest, hung past the warning and a grace: terminated (each tick until gone)."""
         for attempt in job.attempts:
             survivors = overdue_survivors(attempt, now=now)
             if survivors:
@@ -341,8 +340,7 @@ class Reconciler:
                 report.count(Repair.RECLAIMED_SURVIVORS_TERMINATED, len(survivors))
 
     def _reports_throttled_at(self, now: datetime, jobs: Iterable[Job]) -> datetime | None:
-        """When the Reports function was last throttled (one metric read per tick, and only with a
-        RUNNING job to judge); None when it cannot be read: hangs are then judged as before."""
+        """When the Reports function was last throttled (one read per tick, with a RUNNING job); None: unknown."""
         if not any(job.state is JobState.RUNNING for job in jobs):
             return None
         try:
