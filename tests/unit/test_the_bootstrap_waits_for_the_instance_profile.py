@@ -23,7 +23,9 @@ KEYS = {"AccessKeyId": "ASIAINSTANCEROLE", "SecretAccessKey": "secret", "Session
 
 @pytest.fixture
 def imds(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeImds]:
-    """An IMDS serving the instance profile's session, and an environment with no other credentials."""
+    """An IMDS serving the instance profile's session, and an environment with no other credentials
+    (and a fresh default boto3 session, which the bootstrap's calls use: put back after)."""
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name in ("AWS_METADATA_SERVICE_TIMEOUT", "AWS_METADATA_SERVICE_NUM_ATTEMPTS", "AWS_EC2_METADATA_DISABLED"):
@@ -38,7 +40,7 @@ def imds(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeImds]:
 
 def test_credentials_that_imds_serves_only_on_a_later_try_are_found(imds: FakeImds) -> None:
     imds.credentials_missing_for = 3
-    credentials = aws.instance_session("us-east-1").get_credentials()
+    credentials = aws.instance_session().get_credentials()
     assert credentials is not None
     assert credentials.get_frozen_credentials().access_key == KEYS["AccessKeyId"]
     assert aws.client("ec2", "us-east-1")._request_signer._credentials.access_key == KEYS["AccessKeyId"]
@@ -59,6 +61,6 @@ def test_the_identity_proof_is_signed_with_credentials_served_late(imds: FakeImd
 def test_the_environment_may_ask_for_more_patience_never_less(imds: FakeImds, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_METADATA_SERVICE_NUM_ATTEMPTS", "1")
     monkeypatch.setenv("AWS_METADATA_SERVICE_TIMEOUT", "30")
-    core = aws.instance_session("us-east-1")._session
+    core = aws.instance_session()._session
     assert core.get_config_variable("metadata_service_num_attempts") == aws.METADATA_SERVICE_ATTEMPTS
     assert core.get_config_variable("metadata_service_timeout") == 30

@@ -39,21 +39,38 @@ def client(service: str, region: str, *, credentials: dict[str, Any] | None = No
     if credentials is not None:
         keys = session_keys(credentials)
         return boto3.client(service, region_name=region, **keys)  # type: ignore[call-overload]  # the name is a plain str here
-    return instance_session(region).client(service)
+    return instance_session().client(service, region_name=region)
 
 
-def instance_session(region: str) -> Any:
-    """A boto3 session on the instance's own credentials (the instance profile's, from IMDS, or the
-    environment's) that waits for IMDS longer than botocore's defaults (`METADATA_SERVICE_TIMEOUT`,
-    `METADATA_SERVICE_ATTEMPTS`, or what AWS_METADATA_SERVICE_TIMEOUT/_NUM_ATTEMPTS ask where that
-    is more). A new one each call (a session is not thread-safe; the bootstrap makes a few clients)."""
+def instance_session() -> Any:
+    """boto3's default session, on the instance's own credentials (the instance profile's, from IMDS,
+    or the environment's), made patient with IMDS (`patient`). The default one: the bootstrap owns
+    its process, and the local cloud's hooks on it (its Lambda endpoint) apply as before."""
+    import boto3
+
+    if boto3.DEFAULT_SESSION is None:
+        boto3.setup_default_session()
+    session = boto3.DEFAULT_SESSION
+    assert session is not None
+    patient(session._session)  # the botocore session under it
+    return session
+
+
+def fresh_instance_session(region: str) -> Any:
+    """A new boto3 session on the instance's own credentials, resolved now (the identity proof's), patient with IMDS."""
     import boto3
     import botocore.session
 
-    core = botocore.session.get_session()
+    return boto3.Session(botocore_session=patient(botocore.session.get_session()), region_name=region)
+
+
+def patient(core: Any) -> Any:
+    """`core` (a botocore session) waiting for IMDS longer than botocore's defaults:
+    `METADATA_SERVICE_TIMEOUT`, `METADATA_SERVICE_ATTEMPTS`, or what AWS_METADATA_SERVICE_TIMEOUT
+    and _NUM_ATTEMPTS ask where that is more."""
     for name, least in (
         ("metadata_service_timeout", METADATA_SERVICE_TIMEOUT),
         ("metadata_service_num_attempts", METADATA_SERVICE_ATTEMPTS),
     ):
         core.set_config_variable(name, max(least, int(core.get_config_variable(name))))
-    return boto3.Session(botocore_session=core, region_name=region)
+    return core

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpujobs.instance.aws import Clients, client, instance_session, session_keys
+from gpujobs.instance.aws import Clients, client, fresh_instance_session, session_keys
 from gpujobs.instance.contract import JOB_SESSION_HEADER, job_session_purpose
 from gpujobs.instance.errors import BootstrapError
 from gpujobs.instance.log import log
@@ -52,10 +52,10 @@ def instance_identity_signer(region: str, credentials: dict[str, Any] | None = N
         from botocore.awsrequest import AWSRequest
 
         if credentials is None:
-            session = instance_session(region)
+            session = fresh_instance_session(region)
         else:
             session = boto3.Session(region_name=region, **session_keys(credentials))  # type: ignore[arg-type]  # the three key arguments, all str
-        url = session.client("sts").meta.endpoint_url.rstrip("/") + "/"
+        url = session.client("sts", region_name=region).meta.endpoint_url.rstrip("/") + "/"
         own = session.get_credentials()
         if own is None:
             raise BootstrapError("this instance has no credentials to prove who it is")
