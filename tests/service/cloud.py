@@ -24,7 +24,7 @@ from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain import retention
 from gpujobs.domain.budget import BudgetMode
-from gpujobs.domain.deadline import DeadlineMarkets, launch_markets
+from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
 from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.hangs import launched_at
@@ -142,9 +142,11 @@ class SimulatedCloud:
     its instances: a call that failed after SSM took it counts, one that failed before does not)."""
     quiet_since: datetime | None = None
     objects: dict[str, str] = field(default_factory=dict)
+    """Job id -> the object its submitter stored under the job's prefix (the `code:` archive)."""
     deadline_markets: dict[tuple[str, int], DeadlineMarkets | None] = field(default_factory=dict)
     """What the deadline allowed each attempt's launch when its walk asked EC2 (`deadline.launch_markets`)."""
-    """Job id -> the object its submitter stored under the job's prefix (the `code:` archive)."""
+    kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
+    """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
 
     def __post_init__(self) -> None:
         world = self.world
@@ -438,6 +440,22 @@ class SimulatedCloud:
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         problems += self._objects_deleted_early(jobs)
+        problems += self._kept_work_that_shrank(jobs)
+        return problems
+
+    def _kept_work_that_shrank(self, jobs: dict[str, Job]) -> list[str]:
+        """What a job's record says its commits and syncs keep (the step it resumes from, the training
+        time a `directory` job has to show) only grows: however many attempts the record lets go,
+        the work they saved is still the job's, and its deadline is judged on it."""
+        problems = []
+        for job in jobs.values():
+            if job.spec is None:
+                continue
+            now_kept = (job.checkpoint_step or 0, time_trained(job, running=False))
+            before = self.kept_work.get(job.job_id, (0, timedelta(0)))
+            if now_kept[0] < before[0] or now_kept[1] < before[1]:
+                problems.append(f"{job.job_id}: its kept work shrank from {before} to {now_kept}")
+            self.kept_work[job.job_id] = (max(now_kept[0], before[0]), max(now_kept[1], before[1]))
         return problems
 
     def _objects_deleted_early(self, jobs: dict[str, Job]) -> list[str]:
