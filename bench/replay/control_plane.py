@@ -6,7 +6,7 @@ an injected clock (`stack.Stack`), and this module plays only what lies on the o
 ports:
 
 - EC2 (the fake compute, refusing through `_refuse_without_room`): one subnet per trace file; a
-  spot launch is refused with `InsufficientInstanceCapacity` unless the pool's count, less the
+  spot launch is refused with `InsufficientInstanceCapacity` unless the pool's count, less the spot
   instances the job already holds there, has room for the gang; a running gang gets the warning `warning_s`
   before the first tick without room for it (at once if it launched later than that) and is
   reclaimed at that tick; every instance that goes away is reported as a state change.
@@ -148,7 +148,9 @@ class ControlPlaneReplay:
         if request.market.value != "spot":
             return
         pool = self.pools[request.subnet.subnet_id]
-        held = sum(len(r.up) for r in self.runs.values() if r.pool is pool)
+        held = sum(
+            len(r.up) for r in self.runs.values() if r.pool is pool and r.market == "spot"
+        )  # on-demand has its own room
         if pool.capacity(self.now) - held < request.count:
             raise CapacityError(
                 "InsufficientInstanceCapacity",

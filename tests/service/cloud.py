@@ -266,12 +266,22 @@ class SimulatedCloud:
             # Reported, even if the handler then fails: a fault after its write still leaves the verdict recorded.
             self.config_exits_heard.add(event.args[0])
         ended = event.kind in ("heartbeat", "checkpoint") and self._has_ended(event.args[0])
+        reported = event.kind in ("heartbeat", "checkpoint", "exit")
+        attempt_over = reported and self._attempt_over(event.args[0], event.args[1])
         handled = handlers[event.kind](*event.args)
-        if event.kind in ("heartbeat", "checkpoint", "exit") and not getattr(handled, "ignored", True):
+        if reported and not getattr(handled, "ignored", True) and not attempt_over:
+            # heard before the attempt's verdict: one recorded on an attempt already judged came after it
             self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
             if event.kind != "exit" and not ended:  # a report that comes after the verdict did not precede it
                 self.progress_heard.add(event.args[0])
         return handled
+
+    def _attempt_over(self, job_id: str, number: int) -> bool:
+        try:
+            attempt = self.world.store.get(job_id).attempt(number)
+        except JobNotFoundError:
+            return False
+        return attempt is not None and attempt.is_over
 
     def _has_ended(self, job_id: str) -> bool:
         try:

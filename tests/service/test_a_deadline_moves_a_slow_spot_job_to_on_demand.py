@@ -72,3 +72,50 @@ def test_under_a_spot_only_budget_a_slow_spot_attempt_is_not_moved_tick_after_ti
     assert [a.market for a in kept.attempts] == [Market.SPOT]
     assert world.signaller.signals == []
     assert all(world.compute.instances[i].state == "running" for i in spot.instance_ids)
+
+
+def test_a_move_that_finds_no_on_demand_room_keeps_the_spot_attempt_training_and_retries_later(
+    world: World,
+) -> None:
+    """Issue 19, item 6: the move never costs the running attempt before its replacement is up."""
+    job = world.submit(spec(deadline=DEADLINE)).job
+    spot = world.store.get(job.job_id).current_attempt
+    assert spot is not None
+    assert spot.market is Market.SPOT
+    world.compute.refuse = {
+        (t, z, "on-demand"): "InsufficientInstanceCapacity"
+        for t in ("g5.xlarge", "g6.xlarge")
+        for z in ("us-east-1a", "us-east-1b")
+    }
+    world.clock.advance(seconds=6 * 3600)
+    step = 250
+
+    def tick() -> int:
+        nonlocal step
+        step += 1
+        world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=step))
+        moves = world.reconciler.run().repairs["deadline market moves"]
+        world.clock.advance(seconds=120)
+        return moves
+
+    assert tick() == 1  # it tried: checkpoint, and a walk of the on-demand rungs, all refused
+    kept = world.store.get(job.job_id)
+    assert kept.state is JobState.RUNNING
+    assert kept.current_attempt is not None
+    assert kept.current_attempt.number == 1
+    assert kept.current_attempt.interrupted_at is None
+    assert "no room" in kept.status_detail
+    assert (JobState.LAUNCHING.value, JobState.RUNNING.value, Reason.DEADLINE_MARKET) in world.transitions(job.job_id)
+    refused_walk = len(world.compute.calls)
+
+    assert sum(tick() for _ in range(4)) == 0  # 8 minutes: past the warning window, within the retry wait
+    assert all(world.compute.instances[i].state == "running" for i in spot.instance_ids)
+    assert len(world.compute.calls) == refused_walk
+    assert world.store.get(job.job_id).current_attempt == world.store.get(job.job_id).attempt(1)
+
+    world.compute.refuse = {}
+    assert tick() == 1  # 10 minutes on: the move again, and now there is room
+    moved = world.store.get(job.job_id)
+    assert moved.state is JobState.RUNNING
+    assert [a.market for a in moved.attempts] == [Market.SPOT, Market.ON_DEMAND]
+    assert moved.interruptions == 0

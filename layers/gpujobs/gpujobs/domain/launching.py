@@ -166,12 +166,47 @@ def end_launch(
     attempt = job.current_attempt
     if attempt is None or attempt.number != attempt_number or attempt.is_over or job.state is not JobState.LAUNCHING:
         return ignore(Outcome.ALREADY_HANDLED, "the launch was taken over or the job moved on")
+    if target is JobState.QUEUED:
+        kept = moved_attempt_trains_on(job, now=now, detail=detail)
+        if kept is not None:
+            return Decision(Outcome.LAUNCH_ENDED, kept, detail=kept.status_detail)
     ended = attempt.model_copy(
         update={"tries": tries, "ended_at": now, "end_reason": reason.value, "lease_expires_at": None}
     )
     changes: dict[str, object] = {"next_try_at": next_try_at} if target is JobState.QUEUED else {}
     moved = job.with_attempt(ended, now=now).transition(target, reason, now=now, detail=detail, **changes)
     return Decision(Outcome.LAUNCH_ENDED, moved, detail=detail)
+
+
+def moved_attempt_trains_on(job: Job, *, now: datetime, detail: str) -> Job | None:
+    """A deadline's move whose replacement found no room gives the job back its moved attempt.
+
+    The move (`deadline.move_market`) is voluntary: the attempt it left still trains (its save was
+    a checkpoint, not a stop) until the reconciler takes its instances after the warning window.
+    When the replacement's walk launched nowhere, that attempt is current again and RUNNING (the
+    replacement, which launched nothing, is dropped, its number given to the next one), rather
+    than the job waiting QUEUED with nothing running. None when the launch was no such move, or
+    the moved attempt has ended or lost an instance meanwhile: then the job waits as any other.
+    """
+    if len(job.attempts) < 2:
+        return None
+    moved, replacement = job.attempts[-2], job.attempts[-1]
+    was_moved = any(
+        e.reason is Reason.DEADLINE_MARKET
+        and e.target is JobState.INTERRUPTED
+        and e.attempt == moved.number
+        and e.at == moved.interrupted_at
+        for e in job.history
+    )
+    if not was_moved or moved.is_over or not moved.instance_ids or moved.gone or replacement.instance_ids:
+        return None
+    back = moved.model_copy(update={"interrupted_at": None})
+    kept = job.model_copy(update={"attempts": (*job.attempts[:-2], back)})
+    market = (
+        "the other market" if moved.market is None else f"the market the deadline wanted (not {moved.market.value})"
+    )
+    why = f"no room on {market}: attempt {moved.number} trains on ({detail})"
+    return kept.transition(JobState.RUNNING, Reason.DEADLINE_MARKET, now=now, detail=why)
 
 
 def pause_launch(

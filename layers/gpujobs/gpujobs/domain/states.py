@@ -99,6 +99,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         L, Q, Reason.BUDGET_HOLD, "a budget hold (or spot-only, for an on-demand launch) came before the launch"
     ),
+    Transition(
+        L, R, Reason.DEADLINE_MARKET, "a deadline's move found no room on its market: the moved attempt trains on"
+    ),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
     Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
