@@ -145,6 +145,8 @@ class SimulatedCloud:
     """Job id -> the object its submitter stored under the job's prefix (the `code:` archive)."""
     deadline_markets: dict[tuple[str, int], DeadlineMarkets | None] = field(default_factory=dict)
     """What the deadline allowed each attempt's launch when its walk asked EC2 (`deadline.launch_markets`)."""
+    event_ids: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    """(job id, sequence) -> the transition the events with that id carried."""
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
     """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
 
@@ -431,6 +433,10 @@ class SimulatedCloud:
         for event in self.world.publisher.events[self.published :]:
             if event.source is not None and event.source.is_terminal:
                 problems.append(f"{event.job_id} published {event.source} -> {event.target}")
+            # an event id names one transition, whichever handler published it and however often
+            said = (event.source, event.target, event.reason, event.at)
+            if self.event_ids.setdefault((event.job_id, event.sequence), said) != said:
+                problems.append(f"{event.job_id}:{event.sequence} named two transitions")
         self.published = len(self.world.publisher.events)
         noted = Counter(
             (n["job_id"], n["attempt"]) for kind, n in self.world.publisher.notices if kind == IDLE_DETECTION_OFF

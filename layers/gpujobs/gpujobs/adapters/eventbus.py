@@ -20,6 +20,8 @@ PUT_EVENTS_BATCH = 10
 
 def state_change_detail(event: StateChanged) -> dict[str, Any]:
     return {
+        "event_id": f"{event.job_id}:{event.sequence}",
+        "sequence": event.sequence,
         "job_id": event.job_id,
         "name": event.name,
         "team": event.team,

@@ -156,8 +156,11 @@ def wants_launch(decision: Decision) -> bool:
 
 
 def publish_changes(publisher: EventPublisher, before: Job | None, after: Job) -> None:
-    """Publish every transition `after` has that `before` had not. Never fails the caller:
-    the store is the source of truth and the event is a notification of it."""
+    """Publish every transition `after` has that `before` had not, each numbered by its place in the
+    job's history (its event id). Never fails the caller: the store is the source of truth and the
+    event is a notification of it."""
+    new = after.history_since(before)
+    first = after.history_count - len(new) + 1
     events = [
         StateChanged(
             job_id=after.job_id,
@@ -170,8 +173,9 @@ def publish_changes(publisher: EventPublisher, before: Job | None, after: Job) -
             detail=entry.detail,
             at=entry.at,
             extra=_event_extra(after, entry.target),
+            sequence=first + index,
         )
-        for entry in after.history_since(before)
+        for index, entry in enumerate(new)
     ]
     if not events:
         return

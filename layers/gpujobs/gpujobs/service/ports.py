@@ -194,8 +194,7 @@ class Compute(Protocol):
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
 
     def state_reason(self, instance_id: str) -> str | None:
-        """EC2's `StateReason` of a stopped or terminated instance (shown for about an hour after it is
-        terminated), e.g. `Client.InternalError: Client error on launch`; None when there is none."""
+        """EC2's `StateReason` of a gone instance (kept about an hour), e.g. `Client.InternalError`; None: none."""
 
     def stop(self, instance_ids: Sequence[str]) -> None:
         """Stop (not terminate) on-demand instances; spot instances cannot be stopped."""
@@ -246,8 +245,7 @@ class PlacementGroup:
 
 class ServiceQuotas(Protocol):
     def current_value(self, quota_code: str) -> float | None:
-        """The applied value of an EC2 quota (Service Quotas `GetServiceQuota`, service `ec2`);
-        None when it cannot be read (refused, throttled, unknown code): never raises."""
+        """An EC2 quota's applied value (Service Quotas `GetServiceQuota`); None when unreadable: never raises."""
 
 
 class _UnknownQuotas:
@@ -350,6 +348,8 @@ class StateChanged:
     detail: str
     at: datetime
     extra: dict[str, object] = field(default_factory=dict)
+    sequence: int = 0
+    """The transition's number in the job's history, from 1: `event_id` is `<job_id>:<sequence>`."""
 
 
 class EventPublisher(Protocol):
