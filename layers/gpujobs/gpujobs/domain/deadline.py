@@ -101,12 +101,11 @@ def time_trained(job: Job, *, running: bool) -> timedelta:
     (the launcher's own, once a minute; a `directory` job saves it on the SIGTERM a move sends). A
     `none` job keeps nothing across attempts: only the running attempt's time counts."""
     spec, current = job.require_spec(), job.current_attempt
-    warmup = BOOT_ALLOWANCE + RESTORE_ALLOWANCE
     kept = timedelta(0)
     if spec.checkpoint is CheckpointMode.DIRECTORY:  # the attempts the record let go count too
         kept = job.retired.trained + sum((attempt.trained_to_sync for attempt in job.attempts), timedelta(0))
     if running and current is not None and not current.is_over and current.last_heartbeat_at is not None:
-        since = current.started_at + warmup
+        since = current.trains_from
         if spec.checkpoint is CheckpointMode.DIRECTORY and current.checkpoint_at is not None:
             since = max(since, current.checkpoint_at)
         kept += max(timedelta(0), current.last_heartbeat_at - since)

@@ -140,10 +140,15 @@ class Attempt(_Frozen):
         return max(0.0, (kept_until - self.started_at).total_seconds()) * len(self.instance_ids)
 
     @property
+    def trains_from(self) -> datetime:
+        """When its training begins, once it has booted and restored (`BOOT_ALLOWANCE`, `RESTORE_ALLOWANCE`)."""
+        return self.started_at + BOOT_ALLOWANCE + RESTORE_ALLOWANCE
+
+    @property
     def trained_to_sync(self) -> timedelta:
-        """Training kept by its newest commit or sync: from its boot and restore up to that (`deadline.time_trained`)."""
-        since = self.started_at + BOOT_ALLOWANCE + RESTORE_ALLOWANCE
-        return max(timedelta(0), self.checkpoint_at - since) if self.checkpoint_at is not None else timedelta(0)
+        """Training kept by its newest commit or sync: from `trains_from` up to that (`deadline.time_trained`)."""
+        kept = self.checkpoint_at - self.trains_from if self.checkpoint_at is not None else timedelta(0)
+        return max(timedelta(0), kept)
 
     @property
     def pool(self) -> tuple[str, str, Market] | None:
