@@ -105,6 +105,7 @@ def fleet(jobs: int, hung_share: float) -> tuple[Any, Counter[str], FixedClock, 
             clock.current += timedelta(hours=2)  # the hung ones are past any first-heartbeat limit
         launched.append(services.jobs.handle_message(json.dumps(spec), message_id=f"m-{n}").job)
     calls: Counter[str] = Counter()
+    store.stream.reads_on_write = False  # the Publisher function reads the table's stream, not the tick
     charged: dict[str, Any] = {name: Charged(name, getattr(ports, name), clock, calls) for name in LATENCY}
     timed = wire(dataclasses.replace(ports, **charged), config)
     return timed.reconciler, calls, clock, launched[:hung_count]

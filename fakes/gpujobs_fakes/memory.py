@@ -56,12 +56,14 @@ from gpujobs_fakes.recording import (
     StaticTeamConfig,
     TablePrices,
 )
+from gpujobs_fakes.stream import InMemoryStream
 
 
 class InMemoryJobStore:
     """Atomic like a conditional write: concurrent saves (threads) serialize on a lock.
 
-    `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
+    Every write is also a record of its `stream` (DynamoDB Streams, `gpujobs_fakes.stream`), whose
+    reader publishes the write's state changes. `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
     `ByState` index, which is eventually consistent: `lag_index` freezes it at a moment so that a
     test can show what a stale index read does. `on_get`, when set, runs after every read; a test
     sleeps there to model the network time in which other writers get ahead. `make_unreadable`
@@ -76,6 +78,7 @@ class InMemoryJobStore:
         self.on_get: Callable[[], None] | None = None
         self._index: dict[str, Job] | None = None
         self._unreadable: dict[str, str] = {}
+        self.stream = InMemoryStream()
 
     def make_unreadable(self, job_id: str, problem: str) -> None:
         """From now on the stored item of `job_id` is one this release cannot read (`problem` says why)."""
@@ -93,7 +96,10 @@ class InMemoryJobStore:
             raise JobExistsError(job.job_id)
         stored = job.model_copy(update={"version": 1})
         sized_job_item(stored)
-        self._jobs[job.job_id] = stored
+        with self._lock:
+            self._jobs[job.job_id] = stored
+            self.stream.append(None, stored)
+        self.stream.written()
         return stored
 
     def get(self, job_id: str) -> Job:
@@ -116,10 +122,12 @@ class InMemoryJobStore:
             stored = job.model_copy(update={"version": job.version + 1})
             sized_job_item(stored)
             self._jobs[job.job_id] = stored
+            self.stream.append(current, stored)
             attempt = job.current_attempt
             for iid in attempt.instance_ids if attempt else ():
                 self._instances[iid] = job.job_id
-            return stored
+        self.stream.written()
+        return stored
 
     def get_many(self, job_ids: Sequence[str], *, on_unreadable: UnreadableObserver | None = None) -> dict[str, Job]:
         self.faults.check("get_many")
@@ -206,6 +214,8 @@ class FakeCompute:
     stopped: list[str] = field(default_factory=list)
     clock: FixedClock | None = None
     on_run: Callable[[LaunchRequest], None] | None = None
+    on_terminate: Callable[[Sequence[str]], None] | None = None
+    """Told of every TerminateInstances before it takes effect (what the control plane chose to end)."""
     faults: Faults = field(default_factory=Faults)
     placement_groups: dict[str, PlacementGroup] = field(default_factory=dict)
     placement_group_limit: int = 500
@@ -264,6 +274,8 @@ class FakeCompute:
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self.faults.check("terminate")
+        if self.on_terminate:
+            self.on_terminate(instance_ids)
         for iid in instance_ids:
             if iid in self.instances:
                 self.instances[iid].state = "terminated"
@@ -322,6 +334,7 @@ __all__ = [
     "InMemoryBudgetBook",
     "InMemoryIdleAlarms",
     "InMemoryJobStore",
+    "InMemoryStream",
     "InjectedFaultError",
     "RecordingMetrics",
     "RecordingPublisher",

@@ -15,6 +15,7 @@ from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.config import LaunchConfig
 from gpujobs.service.jobs import JobService
+from gpujobs.service.outbox import Outbox
 from gpujobs.service.ports import Ports
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.reconcile import Reconciler
@@ -28,6 +29,7 @@ from gpujobs_fakes.memory import (
     InMemoryBudgetBook,
     InMemoryIdleAlarms,
     InMemoryJobStore,
+    InMemoryStream,
     RecordingPublisher,
     RecordingSignaller,
     TablePrices,
@@ -73,11 +75,19 @@ class Services:
     reconciler: Reconciler
     reports: Reports
     budgets: BudgetReactions
+    outbox: Outbox
+    """The Publisher function's use case: the table's stream to state-change events."""
 
 
 def wire(ports: Ports, config: LaunchConfig, *, stack_name: str = "gpujobs") -> Services:
+    """The services over `ports`; an in-memory store's stream is read into their outbox (published
+    on each write unless the stream is told otherwise, `gpujobs_fakes.stream`)."""
     jobs = JobService(ports=ports, config=config)
     reactions = Reactions(ports=ports, jobs=jobs)
+    outbox = Outbox(ports.publisher)
+    stream = getattr(ports.store, "stream", None)
+    if isinstance(stream, InMemoryStream):
+        stream.outbox = outbox
     return Services(
         ports=ports,
         jobs=jobs,
@@ -85,6 +95,7 @@ def wire(ports: Ports, config: LaunchConfig, *, stack_name: str = "gpujobs") -> 
         reconciler=Reconciler(ports=ports, jobs=jobs, reactions=reactions),
         reports=Reports(ports=ports, reactions=reactions),
         budgets=BudgetReactions(ports=ports, reactions=reactions, stack_name=stack_name),
+        outbox=outbox,
     )
 
 

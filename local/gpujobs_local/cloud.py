@@ -275,7 +275,7 @@ class LocalCloud:
         self.stack = stack
         os.environ.update(stack.env)
         self._faults.install(stack)
-        for name in ("sqs", "sqs_main", "events", "sns"):
+        for name in ("sqs", "sqs_main", "events", "sns", "dynamodb", "dynamodbstreams"):
             self._clients[name] = self.client(name.removesuffix("_main"))
         sqs, sns = self._clients["sqs"], self._clients["sns"]
 
@@ -320,7 +320,7 @@ class LocalCloud:
             invoker=invoker,
             clients=self._clients,
             queues=queues,
-            refs={"JobsEventBus": stack.bus, "BudgetAlertsTopic": topic},
+            refs={"JobsEventBus": stack.bus, "BudgetAlertsTopic": topic, "JobsTable": stack.table},
             retry_delay=self.retry_delay,
             senders=self._senders,
         )
@@ -330,7 +330,13 @@ class LocalCloud:
         bootstrap.reset()
         # Warm containers: create every wired client now, on this thread (creating clients from
         # the default session on two threads at once is not safe in botocore).
-        wires = (bootstrap.job_service, bootstrap.reactions, bootstrap.reconciler, bootstrap.budget_reactions)
+        wires = (
+            bootstrap.job_service,
+            bootstrap.reactions,
+            bootstrap.reconciler,
+            bootstrap.budget_reactions,
+            bootstrap.outbox,
+        )
         for wire in (*wires, bootstrap.job_sessions):
             wire()
         bootstrap.make_every_client()

@@ -5,6 +5,10 @@ wired per function:
 
 - SQS (the jobs queue): batches of up to BatchSize, `batchItemFailures` honoured, failed messages
   back after `retry_delay` seconds, the queue's redrive moving them to its DLQ.
+- DynamoDB (the jobs table's stream): `streams.TableStream` reads moto's stream as the mapping
+  does (filters, checkpoint, partial batch responses); a failed batch comes again after
+  `retry_delay` seconds, and once `MaximumRetryAttempts` are used up its place in the stream goes
+  to the OnFailure destination and the mapping moves on.
 - EventBridgeRule: a real rule in moto with an SQS queue as its target; `account` put back (moto
   drops it); each event invoked alone, as Lambda's asynchronous invocation does.
 - SNS: an SQS queue subscribed to the topic (envelope, not raw), turned into the Lambda SNS event.
@@ -17,12 +21,14 @@ is the attempt number, and its visibility timeout is the wait before an asynchro
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpujobs_local import router
 from gpujobs_local.invoker import LambdaInvoker
 from gpujobs_local.router import ACCOUNT, Route
+from gpujobs_local.streams import TableStream, filter_patterns
 
 Poll = Callable[[], bool]
 """One look at a source: invoke what waits there; True if anything did."""
@@ -44,8 +50,9 @@ class EventSources:
         retry_delay: int,
         senders: Mapping[str, str] | None = None,
     ) -> None:
-        """`clients`: boto3 `sqs`, `events` and `sns` clients; `queues`: queue URL by logical id (the
-        queues SQS events name); `refs`: bus name and topic ARN by logical id; `senders`: the
+        """`clients`: boto3 `sqs`, `events`, `sns`, `dynamodb` and `dynamodbstreams` clients; `queues`:
+        queue URL by logical id (the queues SQS events name); `refs`: bus name, topic ARN and table
+        name by logical id; `senders`: the
         `SenderId` by message id for messages sent as another principal than moto's default user
         (read at each delivery, so entries added later apply)."""
         self.routes = list(routes)
@@ -63,6 +70,8 @@ class EventSources:
                 self.polls.append(self._rule_source(route, refs))
             elif route.kind == "SNS":
                 self.polls.append(self._topic_source(route, refs[route.target("Topic")]))
+            elif route.kind == "DynamoDB":
+                self.polls.append(self._stream_source(route, refs[route.target("Stream")], clients))
 
     def run_schedules(self) -> dict[str, Any]:
         """Invoke every scheduled function now, retrying at once; returns the (last) handler result.
@@ -123,6 +132,48 @@ class EventSources:
                     )
                 else:
                     sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+            return True
+
+        return poll
+
+    def _stream_source(self, route: Route, table: str, clients: Mapping[str, Any]) -> Poll:
+        stream_arn = str(clients["dynamodb"].describe_table(TableName=table)["Table"]["LatestStreamArn"])
+        reader = TableStream(
+            client=clients["dynamodbstreams"],
+            stream_arn=stream_arn,
+            batch_size=route.batch_size,
+            filters=filter_patterns(route.properties),
+            region=self.region,
+        )
+        state = {"attempt": 0, "retry_at": 0.0}
+
+        def poll() -> bool:
+            if time.monotonic() < state["retry_at"]:
+                return False
+            batch = reader.next_batch()
+            if batch is None:
+                return False
+            state["attempt"] += 1
+            attempt = int(state["attempt"])
+            delivery = self._invoker.invoke(route, "DynamoDB", batch.event, attempt=attempt, last=False)
+            if reader.finished(batch, delivery.result, failed=delivery.error is not None):
+                state["attempt"] = 0
+                return True
+            if 0 <= route.stream_retries < attempt:
+                self._invoker.send_to_destination(
+                    route,
+                    router.stream_failure_record(
+                        function_arn=self._invoker.function_arn(route.function),
+                        stream_arn=stream_arn,
+                        shard=batch.shard,
+                        sequences=batch.sequences,
+                        invocations=attempt,
+                    ),
+                )
+                reader.skip(batch)
+                state["attempt"] = 0
+            else:
+                state["retry_at"] = time.monotonic() + self.retry_delay
             return True
 
         return poll

@@ -140,7 +140,7 @@ class LambdaInvoker:
         delivery = Delivery(
             function=route.function,
             kind=kind,
-            summary=router.summarize(route.kind if route.kind in ("SQS", "SNS") else "event", event),
+            summary=router.summarize(route.kind if route.kind in ("SQS", "SNS", "DynamoDB") else "event", event),
             result=result,
             error=error,
             attempt=attempt,
@@ -164,9 +164,13 @@ class LambdaInvoker:
 
     def dead_letter(self, route: Route, event: dict[str, Any], error: BaseException, invocations: int) -> None:
         """Send Lambda's destination record for `event` to the route's `OnFailure` destination."""
-        url = self._destinations.get(route.on_failure or "", self._destinations[EVENTS_DEAD_LETTER_QUEUE])
         record = router.destination_record(
             function_arn=self.function_arn(route.function), event=event, error=error, invocations=invocations
         )
-        self._sqs.send_message(QueueUrl=url, MessageBody=json.dumps(record, default=str))
+        self.send_to_destination(route, record)
         log.warning("%s gave up after %d invocation(s): %s; event dead-lettered", route.function, invocations, error)
+
+    def send_to_destination(self, route: Route, record: Mapping[str, Any]) -> None:
+        """`record` to the route's `OnFailure` destination (the events dead-letter queue when it names none)."""
+        url = self._destinations.get(route.on_failure or "", self._destinations[EVENTS_DEAD_LETTER_QUEUE])
+        self._sqs.send_message(QueueUrl=url, MessageBody=json.dumps(record, default=str))

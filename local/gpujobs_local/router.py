@@ -1,8 +1,8 @@
 """Which event reaches which function, read from template.yaml, and the event shapes Lambda gets.
 
 Every `Events:` entry of every `AWS::Serverless::Function` in the template becomes a `Route`: an SQS
-queue it consumes (batch size), an EventBridge rule (bus, pattern with `!Sub` resolved), an SNS topic
-or a schedule. Nothing here is hard-coded per function: add an event to the template and the local
+queue it consumes (batch size), a DynamoDB table's stream it reads (batch size, filters, retries), an
+EventBridge rule (bus, pattern with `!Sub` resolved), an SNS topic or a schedule. Nothing here is hard-coded per function: add an event to the template and the local
 cloud delivers it. The helpers below build what Lambda hands a handler for each kind of source
 (SQS batch, SNS record, scheduled event) and what a Lambda on-failure destination receives.
 """
@@ -33,10 +33,10 @@ class Route:
     function: str  # logical id, e.g. InstanceStateFunction
     module: str  # functions/<module>/app.py
     event_name: str  # the key under Events:, e.g. StateChanges
-    kind: str  # SQS | EventBridgeRule | SNS | Schedule
+    kind: str  # SQS | DynamoDB | EventBridgeRule | SNS | Schedule
     properties: dict[str, Any] = field(default_factory=dict)
     async_retries: int = LAMBDA_DEFAULT_ASYNC_RETRIES  # EventInvokeConfig.MaximumRetryAttempts
-    on_failure: str | None = None  # logical id of the OnFailure destination queue
+    on_failure: str | None = None  # logical id of the OnFailure destination queue (the event's own, for a stream)
 
     @property
     def name(self) -> str:
@@ -73,6 +73,11 @@ class Route:
         return int(self.properties.get("BatchSize", 10))
 
     @property
+    def stream_retries(self) -> int:
+        """A stream mapping's `MaximumRetryAttempts` (-1: until the record expires)."""
+        return int(self.properties.get("MaximumRetryAttempts", -1))
+
+    @property
     def reports_batch_failures(self) -> bool:
         return "ReportBatchItemFailures" in self.properties.get("FunctionResponseTypes", [])
 
@@ -87,25 +92,32 @@ def routes() -> list[Route]:
         invoke_config = props.get("EventInvokeConfig", {})
         retries = int(invoke_config.get("MaximumRetryAttempts", LAMBDA_DEFAULT_ASYNC_RETRIES))
         destination = invoke_config.get("DestinationConfig", {}).get("OnFailure", {}).get("Destination")
-        on_failure = (
-            destination["Fn::GetAtt"][0] if isinstance(destination, dict) and "Fn::GetAtt" in destination else None
-        )
+        on_failure = _logical_id(destination)
         for event_name, event in props.get("Events", {}).items():
             kind = event["Type"]
-            if kind not in ("SQS", "EventBridgeRule", "SNS", "Schedule"):
+            if kind not in ("SQS", "DynamoDB", "EventBridgeRule", "SNS", "Schedule"):
                 raise RouteError(f"{logical_id}.{event_name}: event type {kind} is not delivered locally")
+            event_props = event.get("Properties", {})
+            if kind == "DynamoDB":  # a mapping's own destination, not the asynchronous invocations'
+                stream_destination = event_props.get("DestinationConfig", {}).get("OnFailure", {}).get("Destination")
+                on_failure = _logical_id(stream_destination)
             found.append(
                 Route(
                     function=logical_id,
                     module=module,
                     event_name=event_name,
                     kind=kind,
-                    properties=event.get("Properties", {}),
+                    properties=event_props,
                     async_retries=retries,
                     on_failure=on_failure,
                 )
             )
     return found
+
+
+def _logical_id(destination: Any) -> str | None:
+    """The logical id a destination's `!GetAtt X.Arn` names, or None."""
+    return destination["Fn::GetAtt"][0] if isinstance(destination, dict) and "Fn::GetAtt" in destination else None
 
 
 def _now() -> str:
@@ -181,11 +193,37 @@ def destination_record(
     }
 
 
+def stream_failure_record(
+    *, function_arn: str, stream_arn: str, shard: str, sequences: list[str], invocations: int
+) -> dict[str, Any]:
+    """What a stream mapping sends to its OnFailure destination once it gives up on a batch: where
+    the records are, not the records."""
+    return {
+        "requestContext": {
+            "requestId": str(uuid.uuid4()),
+            "functionArn": function_arn,
+            "condition": "RetryAttemptsExhausted",
+            "approximateInvokeCount": invocations,
+        },
+        "version": "1.0",
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "DDBStreamBatchInfo": {
+            "shardId": shard,
+            "startSequenceNumber": sequences[0],
+            "endSequenceNumber": sequences[-1],
+            "batchSize": len(sequences),
+            "streamArn": stream_arn,
+        },
+    }
+
+
 def summarize(kind: str, event: Mapping[str, Any]) -> str:
     """One short line naming what an event is about (for progress displays)."""
     if kind == "SQS":
         records = event.get("Records", [])
         return f"{len(records)} message(s)"
+    if kind == "DynamoDB":
+        return f"{len(event.get('Records', []))} stream record(s)"
     if kind == "SNS":
         sns = event.get("Records", [{}])[0].get("Sns", {})
         return str(sns.get("Subject") or sns.get("Message", ""))[:100]

@@ -32,6 +32,7 @@ from typing import Any
 
 import boto3
 from botocore.awsrequest import AWSResponse, HTTPHeaders
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from gpujobs.contract import UP_STATES, job_log_group
@@ -39,6 +40,7 @@ from gpujobs.domain.report_auth import sign
 from gpujobs.instance.rundoc import extract_run_json
 from gpujobs_local import template
 from gpujobs_local.placement_groups import PlacementGroups
+from gpujobs_local.streams import TableStream, filter_patterns
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"
@@ -47,6 +49,8 @@ MOTO_FIRST_AMAZON_AMI = "ami-03cf127a"
 ALLOWED = ("g5.xlarge", "g6.xlarge", "p4d.24xlarge", "c7i.large")
 MOTO_SENDER = "AIDAIT2UOQQY3AUEKVGXU"
 """The SenderId moto gives every SQS message (its default user's unique id)."""
+_NO_ACCOUNT_ENDPOINT = Config(account_id_endpoint_mode="disabled")
+"""moto serves DynamoDB Streams only on its `streams.dynamodb.*` host (aws-contracts §0.8)."""
 
 
 @dataclass
@@ -69,6 +73,7 @@ class MotoStack:
     allowed_instance_types: tuple[str, ...] = ALLOWED
     teams: str | None = None
     """A team configuration (JSON, see domain.teams); None: the stack has none."""
+    _stream: TableStream | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         stack = self.stack_name
@@ -340,7 +345,37 @@ class MotoStack:
     def dead_letters(self) -> list[dict[str, Any]]:
         return list(self.sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10).get("Messages", []))
 
-    def observed_events(self) -> list[dict[str, Any]]:
+    def publish_state_changes(self) -> list[dict[str, Any]]:
+        """Play the Publisher function's stream mapping (template.yaml `PublisherFunction`): read the
+        table's stream past what was published and invoke the real handler on each batch; returns
+        each invocation's response. A batch that reports a failure is left for the next call."""
+        reader = self.table_stream()
+        handler = load_function("publisher").handler
+        responses = []
+        while (batch := reader.next_batch()) is not None:
+            context = LambdaContext(function_name=f"{self.stack_name}-PublisherFunction")
+            response = handler(batch.event, context)
+            responses.append(response)
+            if not reader.finished(batch, response, failed=False):
+                break
+        return responses
+
+    def table_stream(self) -> TableStream:
+        """The table's stream as the Publisher function's mapping reads it (one reader, kept)."""
+        if self._stream is None:
+            streams = boto3.client("dynamodbstreams", region_name=REGION, config=_NO_ACCOUNT_ENDPOINT)
+            arn = self.ddb.describe_table(TableName=self.table)["Table"]["LatestStreamArn"]
+            (mapping,) = template.event_sources("PublisherFunction", "DynamoDB").values()
+            self._stream = TableStream(
+                client=streams, stream_arn=arn, batch_size=int(mapping["BatchSize"]), filters=filter_patterns(mapping)
+            )
+        return self._stream
+
+    def observed_events(self, *, publish: bool = True) -> list[dict[str, Any]]:
+        """What a subscriber of the bus has heard since it last looked, once the Publisher function
+        has read the stream (`publish`: False looks without reading it first)."""
+        if publish:
+            self.publish_state_changes()
         seen: list[dict[str, Any]] = []
         while True:
             batch = self.sqs.receive_message(QueueUrl=self.events_queue, MaxNumberOfMessages=10).get("Messages", [])

@@ -113,6 +113,12 @@ def resources_of_type(resource_type: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def event_sources(function: str, kind: str) -> dict[str, dict[str, Any]]:
+    """A function's `Events:` of one type (SQS, DynamoDB, ...), name -> properties."""
+    events = properties(function).get("Events", {})
+    return {name: dict(e.get("Properties", {})) for name, e in events.items() if e.get("Type") == kind}
+
+
 def parameter_default(name: str) -> Any:
     parameters = load_template().get("Parameters", {})
     if name not in parameters or "Default" not in parameters[name]:
@@ -156,6 +162,10 @@ def table_definition(logical_id: str = "JobsTable", *, table_name: str | None = 
         kwargs["GlobalSecondaryIndexes"] = [
             {"IndexName": i["IndexName"], "KeySchema": i["KeySchema"], "Projection": i["Projection"]} for i in indexes
         ]
+    stream = props.get("StreamSpecification")
+    if stream:
+        # CloudFormation enables the stream by naming its view; the DynamoDB API asks for both.
+        kwargs["StreamSpecification"] = {"StreamEnabled": True, "StreamViewType": stream["StreamViewType"]}
     sse = props.get("SSESpecification")
     if sse:
         # CloudFormation spells it SSEEnabled; the DynamoDB API spells it Enabled.

@@ -47,6 +47,7 @@ FUNCTION_FOLDERS = {
     "budget": "BudgetFunction",
     "reconciler": "ReconcilerFunction",
     "credentials": "CredentialsFunction",
+    "publisher": "PublisherFunction",
 }
 """functions/<folder> -> the template's function (checked against CodeUri by the ledger test)."""
 BINDING_ENV = (

@@ -34,6 +34,7 @@ FUNCTION_ROLES = {
     "BudgetFunction",
     "ReconcilerFunction",
     "CredentialsFunction",
+    "PublisherFunction",
 }
 PRINCIPALS = FUNCTION_ROLES | {"InstanceRole", "JobRole"}
 
@@ -54,6 +55,21 @@ AWS_MANAGED: dict[str, list[Statement]] = {
                 "xray:GetSamplingRules",
                 "xray:GetSamplingTargets",
                 "xray:GetSamplingStatisticSummaries",
+            ],
+            "Resource": "*",
+        }
+    ],
+    "AWSLambdaDynamoDBExecutionRole": [
+        {
+            "Effect": "Allow",
+            "Action": [
+                "dynamodb:DescribeStream",
+                "dynamodb:GetRecords",
+                "dynamodb:GetShardIterator",
+                "dynamodb:ListStreams",
+                "logs:CreateLogGroup",
+                "logs:CreateLogStream",
+                "logs:PutLogEvents",
             ],
             "Resource": "*",
         }

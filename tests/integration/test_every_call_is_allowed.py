@@ -243,6 +243,8 @@ def _run_flows(stack: MotoStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         assert stack.s3.list_objects_v2(Bucket=stack.bucket, Prefix=f"jobs/{job.job_id}/")["KeyCount"] == 0
         # the instance logs in to a registry of another region (the Deep Learning Containers')
         _pull_an_image(tmp_path, monkeypatch)
+        # every write's state changes go out from the table's stream
+        stack.publish_state_changes()
     return list(calls)
 
 
@@ -268,6 +270,7 @@ def test_the_flows_reach_every_role_the_stack_defines_and_the_calls_the_issue_na
         r.action for c in flows if c.principal in ("InstanceRole", "JobRole") for r, _, _ in judged(c)
     }
     assert ("CredentialsFunction", "sts", "AssumeRole") in made
+    assert ("PublisherFunction", "events", "PutEvents") in made
     assert {("ReconcilerFunction", "s3", "ListObjectsV2"), ("ReconcilerFunction", "s3", "DeleteObjects")} <= made
 
 

@@ -9,6 +9,7 @@ as a shape check; docs/deploy.md says how to verify it against real IAM.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -656,19 +657,43 @@ def test_checkpoint_now_document_signals_only_a_gpujobs_container_name() -> None
 
 # --------------------------------------------------------------------------------- IAM (functions)
 # The credentials function changes no job: it reads one record and vends a session, nothing more.
-READ_ONLY_FUNCTIONS = ("CredentialsFunction",)
+# The Publisher function reads the table's stream (the Lambda service reads it on its role's behalf).
+READ_ONLY_FUNCTIONS = ("CredentialsFunction", "PublisherFunction")
+# Who puts events on the bus: every state change from the stream, the reconciler's and the budget
+# function's notices. A handler that changes a job only writes it (service/outbox.py).
+PUBLISHERS = ("PublisherFunction", "ReconcilerFunction", "BudgetFunction")
 
 
-def test_every_function_reads_and_writes_the_jobs_table_and_publishes_only_on_the_stacks_bus() -> None:
+def test_every_function_reads_and_writes_the_jobs_table_and_only_publishers_put_events_on_the_stacks_bus() -> None:
     for logical_id in resources_of_type("AWS::Serverless::Function"):
-        if logical_id in READ_ONLY_FUNCTIONS:
-            continue
         policies = properties(logical_id)["Policies"]
         publishes = _allowing(_function_statements(logical_id), "events:PutEvents")
 
-        assert {"DynamoDBCrudPolicy": {"TableName": {"Ref": "JobsTable"}}} in policies, logical_id
-        assert publishes, logical_id
+        writes = {"DynamoDBCrudPolicy": {"TableName": {"Ref": "JobsTable"}}} in policies
+        assert writes is (logical_id not in READ_ONLY_FUNCTIONS), logical_id
+        assert bool(publishes) is (logical_id in PUBLISHERS), logical_id
         assert all(s["Resource"] == {"Fn::GetAtt": ["JobsEventBus", "Arn"]} for s in publishes), logical_id
+
+
+def test_state_changes_are_published_from_the_tables_stream_in_order_with_partial_batch_failures() -> None:
+    (stream,) = _event_sources("PublisherFunction", "DynamoDB").values()
+    table = properties("JobsTable")
+
+    assert table["StreamSpecification"] == {"StreamViewType": "NEW_AND_OLD_IMAGES"}
+    assert stream["Stream"] == {"Fn::GetAtt": ["JobsTable", "StreamArn"]}
+    assert stream["StartingPosition"] == "TRIM_HORIZON"
+    assert stream["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert stream["ParallelizationFactor"] == 1  # one reader per shard: a job's writes in order
+    # bounded: retried for hours, never forever, then its place in the stream is dead-lettered
+    assert 0 < stream["MaximumRetryAttempts"] <= 10_000
+    assert 0 < stream["MaximumRecordAgeInSeconds"] < 24 * 3600  # the stream keeps records 24 h
+    assert stream["DestinationConfig"]["OnFailure"]["Destination"] == {"Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]}
+    assert [json.loads(f["Pattern"]) for f in stream["FilterCriteria"]["Filters"]] == [
+        {"dynamodb": {"Keys": {"sk": {"S": ["JOB"]}}}}
+    ]
+    alarm = properties("PublisherIteratorAgeAlarm")
+    assert (alarm["MetricName"], alarm["Statistic"]) == ("IteratorAge", "Maximum")
+    assert alarm["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": "PublisherFunction"}}]
 
 
 def test_the_credentials_function_only_reads_job_records_and_publishes_nothing() -> None:

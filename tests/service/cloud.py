@@ -147,7 +147,14 @@ class SimulatedCloud:
     """What the deadline allowed each attempt's launch when its walk asked EC2 (`deadline.launch_markets`)."""
     event_ids: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
     """(job id, sequence) -> the transition the events with that id carried."""
+    published_through: dict[str, int] = field(default_factory=dict)
+    """Per job, the highest sequence published so far (each first published right after the one before)."""
+    moves_broken_early: list[str] = field(default_factory=list)
+    """Moved attempts the control plane terminated before their replacement's gang was up."""
+    warned: set[str] = field(default_factory=set)
+    """Instances EC2 sent a spot warning for."""
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
+
     """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
 
     def __post_init__(self) -> None:
@@ -161,6 +168,8 @@ class SimulatedCloud:
             reports_throttled_at=self._reports_throttled_at,
         )
         world.compute.on_run = self._refuse_with_ec2_message
+        world.compute.on_terminate = self._judge_termination
+        world.store.stream.reads_on_write = False  # the Publisher function reads it when `read_stream` says
         world.reconciler = replace(world.reconciler, object_retention=OBJECT_RETENTION)
         self.budgets = BudgetReactions(ports=world.ports, reactions=world.reactions, stack_name="chaos")
 
@@ -225,6 +234,11 @@ class SimulatedCloud:
                 self.objects[job.job_id] = f"{job_prefix(job.job_id)}code/archive.tar.gz"
                 self.world.blobs.objects[self.objects[job.job_id]] = "code"
         return handled
+
+    def read_stream(self) -> bool:
+        """The Publisher function reads the table's stream: every write's state changes not yet put
+        on the bus go out in order, up to the first whose PutEvents fails (read again next time)."""
+        return self.attempt(self.world.store.stream.read)
 
     def reconcile(self) -> bool:
         self.last_reconcile = self.now
@@ -334,6 +348,7 @@ class SimulatedCloud:
 
     def warn(self, instance_id: str) -> None:
         """A spot warning: the event goes out now, and EC2 takes the instance two minutes later."""
+        self.warned.add(instance_id)
         self.reclaim_at.setdefault(instance_id, self.now + SPOT_WARNING_WINDOW)
         self.pending.append(Delivery("warning", (instance_id,)))
 
@@ -411,6 +426,7 @@ class SimulatedCloud:
         self.deliver_all()
         self.reconcile()
         self.deliver_all()
+        self.read_stream()
 
     # ---- what must hold -------------------------------------------------------------------------
     def jobs(self) -> list[Job]:
@@ -437,6 +453,11 @@ class SimulatedCloud:
             said = (event.source, event.target, event.reason, event.at)
             if self.event_ids.setdefault((event.job_id, event.sequence), said) != said:
                 problems.append(f"{event.job_id}:{event.sequence} named two transitions")
+            # in the job's order: a transition goes out for the first time only after every earlier one
+            through = self.published_through.get(event.job_id, 0)
+            if event.sequence > through + 1:
+                problems.append(f"{event.job_id}:{event.sequence} published before {event.job_id}:{through + 1}")
+            self.published_through[event.job_id] = max(through, event.sequence)
         self.published = len(self.world.publisher.events)
         noted = Counter(
             (n["job_id"], n["attempt"]) for kind, n in self.world.publisher.notices if kind == IDLE_DETECTION_OFF
@@ -457,7 +478,27 @@ class SimulatedCloud:
         problems += self._unaccounted_instances(jobs)
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
+        problems += self.moves_broken_early
         return problems
+
+    def _judge_termination(self, instance_ids: Any) -> None:
+        """A deadline's move is voluntary: the attempt it leaves is whole and training, so the control
+        plane may take it only once a later attempt's gang is up (issue 19, item 6), unless the job
+        ended or is being stopped, or the attempt broke meanwhile (a node gone, warned or exited)."""
+        for iid in instance_ids:
+            request = self.world.compute.instances[iid].request
+            job = self.world.store.get(request.job_id)
+            attempt = job.attempt(request.attempt)
+            if attempt is None or not attempt.moved or job.state.is_terminal or job.stop_request is not None:
+                continue
+            if attempt.gone or attempt.exit_codes or self.warned.intersection(attempt.instance_ids):
+                continue
+            if any(later.number > attempt.number and later.instance_ids for later in job.attempts):
+                continue
+            self.moves_broken_early.append(
+                f"{job.job_id}: attempt {attempt.number}, moved for its deadline at {attempt.interrupted_at}, had"
+                f" {iid} terminated at {self.now} with no later gang up ({job.state}, {job.status_detail!r})"
+            )
 
     def _kept_work_that_shrank(self, jobs: dict[str, Job]) -> list[str]:
         """What a job's record says its commits and syncs keep (the step it resumes from, the training
@@ -585,9 +626,19 @@ class SimulatedCloud:
             for number in sorted(numbers)[:-1]:
                 older = job.attempt(number) if job else None
                 warned = older.interrupted_at if older else None
+                if warned is not None and older is not None and older.moved:  # kept until the next gang was up
+                    warned = max(warned, self._launched_after(job_id, number))
                 if warned is None or self.now - warned > RECLAIM_WINDOW:
                     problems.append(f"{job_id}: attempts {sorted(numbers)} both have live instances")
         return problems
+
+    def _launched_after(self, job_id: str, number: int) -> datetime:
+        """When the first gang of a later attempt than `number` was launched."""
+        return min(
+            f.launched_at
+            for f in self.world.compute.instances.values()
+            if f.request.job_id == job_id and f.request.attempt > number
+        )
 
     def _unaccounted_instances(self, jobs: dict[str, Job]) -> list[str]:
         problems = []
@@ -632,33 +683,15 @@ class SimulatedCloud:
         return problems
 
     def _unpublished(self, jobs: list[Job]) -> list[str]:
-        """Every state change the record keeps must have been published (at least once)."""
+        """Every state change the record keeps must have been published (at least once), whatever
+        handler died after its write and whatever PutEvents failed: the stream hands it over again."""
         published = {(e.job_id, e.source, e.target, e.reason, e.at) for e in self.world.publisher.events}
-        published |= self._publications_lost_to_a_dead_writer()
         return [
             f"{job.job_id}: {entry.source} -> {entry.target} ({entry.reason}) at {entry.at} was never published"
             for job in jobs
             for entry in job.history
             if (job.job_id, entry.source, entry.target, entry.reason.value, entry.at) not in published
         ]
-
-    def _publications_lost_to_a_dead_writer(self) -> set[tuple[Any, ...]]:
-        """Known gap of issue 9, scenario 13: publication is not level-triggered (no outbox).
-
-        A handler that dies between its store write and `publish_changes` (a fault after
-        `store.create`/`store.save`), or whose `publisher.publish` call fails, loses those events for
-        good: no later decision publishes what an earlier write recorded. Until publication rides on
-        the write (DynamoDB Streams to EventBridge, or an outbox the reconciler drains), the
-        transitions such a write carried are exempt from the check above, and nothing else is.
-        """
-        lost: set[tuple[Any, ...]] = set()
-        for fired in self.plan.fired:
-            if (fired.port, fired.when) == ("store", When.AFTER) and fired.method in ("create", "save"):
-                job = fired.args[0]
-                lost |= {(job.job_id, e.source, e.target, e.reason.value, e.at) for e in job.history}
-            elif (fired.port, fired.method) == ("publisher", "publish"):
-                lost |= {(e.job_id, e.source, e.target, e.reason, e.at) for e in fired.args[0]}
-        return lost
 
     def _stopped_with_an_old_checkpoint(self, job: Job) -> str | None:
         """A policy stop whose trainer answers checkpoint-now takes its instances only after a commit

@@ -119,3 +119,42 @@ def test_a_move_that_finds_no_on_demand_room_keeps_the_spot_attempt_training_and
     assert moved.state is JobState.RUNNING
     assert [a.market for a in moved.attempts] == [Market.SPOT, Market.ON_DEMAND]
     assert moved.interruptions == 0
+
+
+def test_a_move_whose_replacement_is_slow_to_launch_keeps_the_spot_attempt_until_the_new_gang_is_up(
+    world: World,
+) -> None:
+    """Issue 19, item 6 (make before break): the replacement's walk is cut short tick after tick
+    (every invocation near its deadline) for half an hour. The moved spot attempt, whole and
+    training, is not taken after the warning window as a reclaimed gang would be: only once the
+    on-demand gang is up."""
+    job = world.submit(spec(deadline=DEADLINE)).job
+    spot = world.store.get(job.job_id).current_attempt
+    assert spot is not None
+    world.clock.advance(seconds=6 * 3600)
+    world.rewire(time_left=lambda: timedelta(seconds=10))  # less than a rung needs: each walk pauses
+    step = 250
+
+    def tick() -> None:
+        nonlocal step
+        step += 1
+        world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=step))
+        world.reconciler.run()
+        world.clock.advance(seconds=120)
+
+    for _ in range(15):  # 30 minutes, the replacement never launched
+        tick()
+    waiting = world.store.get(job.job_id)
+    assert waiting.state is JobState.LAUNCHING
+    assert waiting.attempt(1) is not None
+    assert waiting.attempt(1).moved  # type: ignore[union-attr]
+    assert all(world.compute.instances[i].state == "running" for i in spot.instance_ids)
+
+    world.rewire(time_left=lambda: None)
+    tick()  # the walk goes through: the on-demand gang is up
+    replaced = world.store.get(job.job_id)
+    assert replaced.state is JobState.RUNNING
+    assert replaced.current_attempt is not None
+    assert replaced.current_attempt.market is Market.ON_DEMAND
+    tick()  # and the next tick takes the spot attempt
+    assert all(world.compute.instances[i].state != "running" for i in spot.instance_ids)

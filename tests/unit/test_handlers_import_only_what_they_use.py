@@ -85,6 +85,8 @@ ALLOWED = {
     "budget": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_anomaly", "gpujobs.domain.cost_anomaly"},
     "idle": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_alarms", "gpujobs.service.reactions"},
     "instance_state": EVERY_HANDLER | EVENTS,
+    # the stream's records, read as the store reads items, and the outbox that publishes them
+    "publisher": EVERY_HANDLER | {"gpujobs.adapters.job_stream", "gpujobs.service.outbox"},
     "reconciler": EVERY_HANDLER,
     "reports": EVERY_HANDLER | EVENTS | {"gpujobs.adapters.inbound_reports", "gpujobs.service.reactions"},
     "spot": EVERY_HANDLER | EVENTS,

@@ -1,4 +1,4 @@
-"""What `sam build` puts in the Lambda layer: what the seven functions import, no CLI, no SDK skew.
+"""What `sam build` puts in the Lambda layer: what the nine functions import, no CLI, no SDK skew.
 
 `sam build` itself cannot run here: it needs python3.12 on PATH or Docker, and this machine has
 neither. So these tests read what it would build from template.yaml. `GpujobsLayer` has
@@ -86,7 +86,7 @@ def runtime_imports(path: Path) -> list[tuple[str, list[str]]]:
 
 
 def loaded_by_functions() -> tuple[set[str], set[str], set[str]]:
-    """What the seven functions load, following gpujobs's own imports from their handlers.
+    """What the nine functions load, following gpujobs's own imports from their handlers.
 
     Returns (gpujobs modules found in the layer, gpujobs modules imported but not in it, the other
     top-level packages imported).
@@ -152,7 +152,7 @@ def test_every_function_runs_on_the_layer_sam_builds_with_pip() -> None:
     assert '--requirement "$(HERE)requirements.txt"' in build
     assert "--python-version 3.12" in build
     assert load_template()["Globals"]["Function"]["Layers"] == [{"Ref": "GpujobsLayer"}]
-    assert len(handler_files()) == 8
+    assert len(handler_files()) == 9
     assert all(path.is_file() for path in handler_files().values()), handler_files()
 
 

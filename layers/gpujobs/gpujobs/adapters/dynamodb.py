@@ -264,12 +264,18 @@ class DynamoJobStore:
 
     @staticmethod
     def _from_item(item: Item) -> Job:
-        try:
-            job = read_record(item["doc"]["S"])
-            return job.model_copy(update={"version": int(item["version"]["N"])})
-        except (ValidationError, KeyError, ValueError) as exc:
-            key = item.get("job_id", {}).get("S") or item.get("pk", {}).get("S", "?")
-            raise UnreadableJobError(key, _first_line(exc)) from exc
+        return job_of_item(item)
+
+
+def job_of_item(item: Item) -> Job:
+    """The job a job item holds (as a read returns it, or as the table's stream carries an image of
+    it); UnreadableJobError naming its key when this release cannot read it."""
+    try:
+        job = read_record(item["doc"]["S"])
+        return job.model_copy(update={"version": int(item["version"]["N"])})
+    except (ValidationError, KeyError, ValueError, TypeError) as exc:
+        key = item.get("job_id", {}).get("S") or item.get("pk", {}).get("S", "?")
+        raise UnreadableJobError(key, _first_line(exc)) from exc
 
 
 def job_item(job: Job) -> Item:

@@ -184,9 +184,11 @@ def _last_move_without_room(job: Job) -> datetime | None:
 
 
 def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Decision:
-    """Checkpoint the running attempt and replace it on the market the deadline needs, as a reclaim
-    is replaced: the replacement waits for this attempt's save, the reconciler takes its instances
-    after the warning window. Not counted as an interruption (no spot pool took it).
+    """Checkpoint the running attempt and replace it on the market the deadline needs, make before
+    break: the attempt is marked `moved` and trains on until its replacement's gang is up; the
+    reconciler takes its instances only then, after the warning window (`gangs.overdue_survivors`),
+    and the replacement waits for that end to resume. Not counted as an interruption (no spot pool
+    took it).
 
     `allowed` is what a launch may use now apart from the deadline (`ladder.movable_markets`: the
     spec past its interruptions, the budget's policy). A move to a market outside it would launch
@@ -211,7 +213,7 @@ def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Deci
     standing = slack_of(job, now=now, step=attempt.heartbeat_step)
     assert standing is not None
     detail = f"deadline slack {standing.slack.total_seconds() / 3600:.1f} h: checkpoint and move to {target.value}"
-    marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now}), now=now)
+    marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now, "moved": True}), now=now)
     moved = marked.transition(JobState.INTERRUPTED, Reason.DEADLINE_MARKET, now=now, detail=detail)
     signal = SignalCheckpoint(live_instances(attempt), attempt.container_name(job.job_id))
     return Decision(Outcome.MARKET_CHANGED, moved, (signal, Launch(job.job_id)), detail, {"DeadlineMoves": 1})

@@ -37,13 +37,24 @@ def is_partial_gang(found: Sequence[object], *, nodes: int) -> bool:
     return 0 < len(found) < nodes
 
 
-def overdue_survivors(attempt: Attempt, *, now: datetime) -> tuple[str, ...]:
-    """Instances of a reclaimed attempt still up after the warning window plus the grace."""
+def overdue_survivors(job: Job, attempt: Attempt, *, now: datetime) -> tuple[str, ...]:
+    """Instances of a reclaimed attempt still up after the warning window plus the grace.
+
+    An attempt a deadline moved (`Attempt.moved`) is whole and training: it is taken only once a
+    later attempt's gang is up (make before break), unless it lost a node meanwhile (then its rest
+    can only hang, as a reclaimed gang's)."""
     if attempt.interrupted_at is None or attempt.is_over:
         return ()
     if now - attempt.interrupted_at < SPOT_WARNING_WINDOW + RECLAIM_GRACE:
         return ()
+    if attempt.moved and not attempt.gone and not _replaced(job, attempt):
+        return ()
     return tuple(i for i in attempt.instance_ids if i not in attempt.gone)
+
+
+def _replaced(job: Job, attempt: Attempt) -> bool:
+    """A later attempt of the job has its gang recorded."""
+    return any(later.number > attempt.number and later.instance_ids for later in job.attempts)
 
 
 def started_over(job: Job, survivors: Sequence[str], *, now: datetime, lease: timedelta) -> Job:

@@ -103,6 +103,8 @@ class Attempt(_Frozen):
     """While LAUNCHING: until when the launcher that started this attempt owns it."""
     interrupted_at: datetime | None = None
     """When a spot warning (or a preempted exit) marked this attempt as being reclaimed."""
+    moved: bool = False
+    """Interrupted by a deadline's move, not by EC2: it trains on until its replacement's gang is up."""
     exit_codes: dict[str, int] = Field(default_factory=dict)
     """Container exit code per instance id, as each node reported it (`Job Exited`)."""
     error_line: Detail = ""

@@ -191,16 +191,9 @@ def moved_attempt_trains_on(job: Job, *, now: datetime, detail: str) -> Job | No
     if len(job.attempts) < 2:
         return None
     moved, replacement = job.attempts[-2], job.attempts[-1]
-    was_moved = any(
-        e.reason is Reason.DEADLINE_MARKET
-        and e.target is JobState.INTERRUPTED
-        and e.attempt == moved.number
-        and e.at == moved.interrupted_at
-        for e in job.history
-    )
-    if not was_moved or moved.is_over or not moved.instance_ids or moved.gone or replacement.instance_ids:
+    if not moved.moved or moved.is_over or not moved.instance_ids or moved.gone or replacement.instance_ids:
         return None
-    back = moved.model_copy(update={"interrupted_at": None})
+    back = moved.model_copy(update={"interrupted_at": None, "moved": False})
     kept = job.model_copy(update={"attempts": (*job.attempts[:-2], back)})
     market = (
         "the other market" if moved.market is None else f"the market the deadline wanted (not {moved.market.value})"

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.service.budgeting import BudgetReactions
     from gpujobs.service.job_sessions import JobSessions
+    from gpujobs.service.outbox import Outbox
     from gpujobs.service.reactions import Reactions
     from gpujobs.service.reconcile import Reconciler
     from gpujobs.service.reports import Reports
@@ -309,6 +310,16 @@ def budget_reactions() -> BudgetReactions:
     return BudgetReactions(ports=ports(), reactions=reactions(), stack_name=settings().stack_name)
 
 
+@functools.cache
+def outbox() -> Outbox:
+    """The Publisher function's use case: the table's stream to the stack's bus. It needs only the
+    bus; the other ports are not built."""
+    from gpujobs.service.outbox import Outbox
+
+    config = settings()
+    return Outbox(EventBridgePublisher(client=lazy_client("events", config), bus_name=config.event_bus_name))
+
+
 def unsigned_sts_client(settings: Settings) -> STSClient:
     """An STS client that signs nothing: it carries the instance's own signed proof (`adapters.sts_sessions`)."""
     from botocore import UNSIGNED
@@ -344,6 +355,16 @@ def job_sessions() -> JobSessions:
 
 def reset() -> None:
     """Forget every wired service (a fresh Lambda container); tests and the local cloud use it."""
-    for cached in (settings, ports, job_service, reactions, reports, reconciler, budget_reactions, job_sessions):
+    for cached in (
+        settings,
+        ports,
+        job_service,
+        reactions,
+        reports,
+        reconciler,
+        budget_reactions,
+        job_sessions,
+        outbox,
+    ):
         cached.cache_clear()
     _WIRED.clear()

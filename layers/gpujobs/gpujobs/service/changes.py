@@ -1,10 +1,11 @@
-"""Load, decide, write conditionally, publish, then act: the one way every use case changes a job.
+"""Load, decide, write conditionally, then act: the one way every use case changes a job.
 
 `change()` runs a pure decision on the stored record and writes its result conditionally on the
 version read. A lost race (another writer, or DynamoDB's TransactionConflict) is retried on a
 fresh record after a backoff with full jitter, enough times to outlast a 64-node gang reporting
-its exits in the same instant. Every transition the write made is published before any effect is
-tried, so an effect that fails never hides a state change. `Actuator` then carries out the
+its exits in the same instant. The write is all a handler does to announce a state change: the
+Publisher function publishes it from the table's stream (`service.outbox`), so neither a handler
+that dies after its write nor an effect that fails can hide one. `Actuator` then carries out the
 effects one by one: a failure is logged, counted in `EffectsFailed` by the AWS call that failed
 (alarmed: an instance may be left running or unwatched) and left to the next decision, which
 derives the same effect from the record again (level-triggered), never swallowed by a record that
@@ -32,15 +33,12 @@ from gpujobs.domain.effects import (
 )
 from gpujobs.domain.job import Job
 from gpujobs.domain.job_metrics import JobMetric, metrics_of_change
-from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
     Backoff,
     ConcurrentUpdateError,
-    EventPublisher,
     JobStore,
     MetricsRecorder,
     Ports,
-    StateChanged,
 )
 
 log = logging.getLogger(__name__)
@@ -61,12 +59,11 @@ def change(
     decide: Callable[[Job], Decision],
     *,
     backoff: Backoff,
-    publisher: EventPublisher,
     written: Callable[[Job, Job], None] | None = None,
     first: Job | None = None,
 ) -> Applied:
-    """Decide on the stored job and write the decision, retrying lost races; publish what changed,
-    then tell `written` (before, after): it counts what the write stands for, and never fails it.
+    """Decide on the stored job and write the decision, retrying lost races, then tell `written`
+    (before, after): it counts what the write stands for, and never fails it.
 
     `first`: the job as a consistent read returned it moments ago (the reconciler's batch read), to
     decide on instead of reading it again; a write on it is conditional like any other, and a lost
@@ -82,7 +79,6 @@ def change(
             if lost + 1 < backoff.tries:
                 backoff.pause(lost)
             continue
-        publish_changes(publisher, before, after)
         if written is not None:
             try:
                 written(before, after)
@@ -153,47 +149,3 @@ class Actuator:
 
 def wants_launch(decision: Decision) -> bool:
     return any(isinstance(e, Launch) for e in decision.effects)
-
-
-def publish_changes(publisher: EventPublisher, before: Job | None, after: Job) -> None:
-    """Publish every transition `after` has that `before` had not, each numbered by its place in the
-    job's history (its event id). Never fails the caller: the store is the source of truth and the
-    event is a notification of it."""
-    new = after.history_since(before)
-    first = after.history_count - len(new) + 1
-    events = [
-        StateChanged(
-            job_id=after.job_id,
-            name=after.name,
-            team=after.team,
-            source=entry.source,
-            target=entry.target,
-            reason=entry.reason.value,
-            attempt=entry.attempt,
-            detail=entry.detail,
-            at=entry.at,
-            extra=_event_extra(after, entry.target),
-            sequence=first + index,
-        )
-        for index, entry in enumerate(new)
-    ]
-    if not events:
-        return
-    try:
-        publisher.publish(events)
-    except Exception:
-        log.exception("could not publish %d state events for %s", len(events), after.job_id)
-
-
-def _event_extra(job: Job, target: JobState) -> dict[str, object]:
-    attempt = job.current_attempt
-    if target is JobState.REJECTED:
-        return {"problems": list(job.problems)}
-    if target is JobState.RUNNING and attempt:
-        return {
-            "instance_ids": list(attempt.instance_ids),
-            "instance_type": attempt.instance_type,
-            "zone": attempt.zone,
-            "market": attempt.market.value if attempt.market else None,
-        }
-    return {}

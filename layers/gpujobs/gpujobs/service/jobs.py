@@ -1,10 +1,10 @@
 """Use cases of the control plane core: submit, launch, cancel.
 
 Each follows the same shape (`service.changes`): load the job, decide (pure, `domain.launching`),
-write the decision conditionally on the version read, publish what changed, then act on AWS. A lost
-race is not an error to the caller: the loser decides again on the fresh record. A redelivered
-message maps to the same deterministic job id, so it can never create a second job or a second set
-of instances.
+write the decision conditionally on the version read, then act on AWS (the write's state changes
+are published from the table's stream, `service.outbox`). A lost race is not an error to the
+caller: the loser decides again on the fresh record. A redelivered message maps to the same
+deterministic job id, so it can never create a second job or a second set of instances.
 
 Submissions come from whoever may send to the queue, so a job id is only ever taken by a spec that
 its sender may submit for its team (`domain.teams`): a refused or invalid submission is recorded
@@ -30,7 +30,7 @@ from gpujobs.domain.launching import cancel, claim_launch, invocation_lease
 from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState
-from gpujobs.service.changes import Actuator, Applied, WriteCounter, change, publish_changes, wants_launch
+from gpujobs.service.changes import Actuator, Applied, WriteCounter, change, wants_launch
 from gpujobs.service.config import LaunchConfig
 from gpujobs.service.ports import (
     JobExistsError,
@@ -86,14 +86,14 @@ class JobService:
     # ---- the one way to change a job ----------------------------------------------------------
     def change(self, job_id: str, decide: Callable[[Job], Decision], *, first: Job | None = None) -> Applied:
         """Load (or take `first`, read consistently moments ago), decide, write conditionally
-        (retrying lost races) and publish; act with `act()`."""
+        (retrying lost races); act with `act()`. What the write changed is published from the table's
+        stream (`service.outbox`)."""
         ports = self.ports
         return change(
             ports.store,
             job_id,
             decide,
             backoff=ports.backoff,
-            publisher=ports.publisher,
             written=self._written,
             first=first,
         )
@@ -138,7 +138,6 @@ class JobService:
             job = self.ports.store.create(
                 Job.submitted(job_id=job_id, spec=spec, now=self.ports.clock.now(), message_id=message_id)
             )
-            self.publish_changes(None, job)
         except JobExistsError:
             job, created = self.ports.store.get(job_id), False
             if job.spec != spec:
@@ -165,7 +164,6 @@ class JobService:
             job = self.ports.store.create(rejected)
         except JobExistsError:
             return SubmitOutcome(self.ports.store.get(job_id), created=False)
-        self.publish_changes(None, job)
         return SubmitOutcome(job, created=True)
 
     # ---- launch ---------------------------------------------------------------------------
@@ -211,8 +209,3 @@ class JobService:
     def cancel(self, job_id: str) -> Job:
         """Cancel a job and terminate every instance it still has. Cancelling twice is harmless."""
         return self.act(self.change(job_id, lambda job: cancel(job, now=self.ports.clock.now())))
-
-    # ---- events ---------------------------------------------------------------------------
-    def publish_changes(self, before: Job | None, after: Job) -> None:
-        """Publish every transition `after` has that `before` had not (never fails the caller)."""
-        publish_changes(self.ports.publisher, before, after)

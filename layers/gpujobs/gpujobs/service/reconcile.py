@@ -331,9 +331,10 @@ class Reconciler:
             report.count(Repair.IDLE_ALARMS_DELETED, len(leaked))
 
     def _terminate_reclaimed_survivors(self, job: Job, now: datetime, report: ReconcileReport) -> None:
-        """A reclaimed gang's rest, hung past the warning and a grace: terminated (each tick until gone)."""
+        """A reclaimed gang's rest, hung past the warning and a grace, and a moved attempt once its
+        replacement is up: terminated (each tick until gone)."""
         for attempt in job.attempts:
-            survivors = overdue_survivors(attempt, now=now)
+            survivors = overdue_survivors(job, attempt, now=now)
             if survivors:
                 log.warning("%s: attempt %d was reclaimed; terminating %s", job.job_id, attempt.number, survivors)
                 self.jobs.carry_out([Terminate(tuple(survivors))])
