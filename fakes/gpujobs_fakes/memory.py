@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,9 +24,11 @@ from gpujobs.contract import LIVE_STATES
 from gpujobs.domain import retention
 from gpujobs.domain.job import Job
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
+from gpujobs.domain.ledger import Ledger, LedgerChange, Standing, change_of, standing_of
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
+    AdmissionRefusedError,
     CapacityError,
     ConcurrentUpdateError,
     JobExistsError,
@@ -63,7 +66,8 @@ class InMemoryJobStore:
     """Atomic like a conditional write: concurrent saves (threads) serialize on a lock.
 
     Every write is also a record of its `stream` (DynamoDB Streams, `gpujobs_fakes.stream`), whose
-    reader publishes the write's state changes. `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
+    reader publishes the write's state changes, and adds its change to the GPU ledger
+    (`domain.ledger`), refusing an admission whose ceilings no longer hold as DynamoDB's transaction does. `get` reads consistently, as DynamoDB's ConsistentRead does; `list_by_state` reads the
     `ByState` index, which is eventually consistent: `lag_index` freezes it at a moment so that a
     test can show what a stale index read does. `on_get`, when set, runs after every read; a test
     sleeps there to model the network time in which other writers get ahead. `make_unreadable`
@@ -79,6 +83,7 @@ class InMemoryJobStore:
         self._index: dict[str, Job] | None = None
         self._unreadable: dict[str, str] = {}
         self.stream = InMemoryStream()
+        self._ledger: Counter[str] = Counter()
 
     def make_unreadable(self, job_id: str, problem: str) -> None:
         """From now on the stored item of `job_id` is one this release cannot read (`problem` says why)."""
@@ -97,6 +102,7 @@ class InMemoryJobStore:
         stored = job.model_copy(update={"version": 1})
         sized_job_item(stored)
         with self._lock:
+            self._add_to_ledger(stored.job_id, change_of(Standing(), stored))
             self._jobs[job.job_id] = stored
             self.stream.append(None, stored)
         self.stream.written()
@@ -121,6 +127,7 @@ class InMemoryJobStore:
                 raise ConcurrentUpdateError(job.job_id, job.version)
             stored = job.model_copy(update={"version": job.version + 1})
             sized_job_item(stored)
+            self._add_to_ledger(job.job_id, change_of(standing_of(current), stored))
             self._jobs[job.job_id] = stored
             self.stream.append(current, stored)
             attempt = job.current_attempt
@@ -128,6 +135,17 @@ class InMemoryJobStore:
                 self._instances[iid] = job.job_id
         self.stream.written()
         return stored
+
+    def _add_to_ledger(self, job_id: str, change: LedgerChange) -> None:
+        """As the DynamoDB store's transaction: the ceilings hold, or nothing is written."""
+        if any(self._ledger[name] > ceiling for name, ceiling in change.ceilings.items()):
+            raise AdmissionRefusedError(job_id, change.ceilings)
+        self._ledger.update(change.adds)
+
+    def ledger(self) -> Ledger:
+        self.faults.check("ledger")
+        with self._lock:
+            return Ledger({name: value for name, value in self._ledger.items() if value})
 
     def get_many(self, job_ids: Sequence[str], *, on_unreadable: UnreadableObserver | None = None) -> dict[str, Job]:
         self.faults.check("get_many")

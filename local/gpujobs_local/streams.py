@@ -14,11 +14,15 @@ account-id endpoint mode off (aws-contracts §0.8).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 Invoke = Callable[[dict[str, Any]], "Any"]
 
@@ -31,6 +35,8 @@ class Batch:
     """The sequence number of the batch's last record read (filtered ones included)."""
     sequences: list[str]
     """The sequence numbers of the records handed to the function, in order."""
+    following: str | None = None
+    """The shard iterator after the batch: where the next read starts once the batch is done."""
 
 
 @dataclass
@@ -44,26 +50,47 @@ class TableStream:
     region: str = "us-east-1"
     done: dict[str, str] = field(default_factory=dict)
     """Shard id -> the sequence number of the last record done."""
+    shards_every: float = 10.0
+    """Seconds between two listings of the stream's shards (each poll reads with kept iterators)."""
+    _shards: list[str] = field(default_factory=list)
+    _listed_at: float = float("-inf")
+    _iterators: dict[str, str] = field(default_factory=dict)
+    """Shard id -> the iterator to read on with, while the records before it are done."""
 
     def next_batch(self) -> Batch | None:
         """The next records after the checkpoint, in the first shard that has any; records that no
-        filter matches are marked done on the way."""
-        shards = self.client.describe_stream(StreamArn=self.stream_arn)["StreamDescription"]["Shards"]
-        for shard in shards:
-            shard_id = shard["ShardId"]
+        filter matches are marked done on the way. One GetRecords a shard when there is nothing new."""
+        if not self._shards or time.monotonic() - self._listed_at >= self.shards_every:
+            described = self.client.describe_stream(StreamArn=self.stream_arn)["StreamDescription"]
+            self._shards, self._listed_at = [shard["ShardId"] for shard in described["Shards"]], time.monotonic()
+        for shard_id in self._shards:
             while True:
-                page = self.client.get_records(ShardIterator=self._iterator(shard_id), Limit=self.batch_size)
-                records = page.get("Records", [])
+                page = self._read(shard_id)
+                records, following = page.get("Records", []), page.get("NextShardIterator")
                 if not records:
+                    self._keep_iterator(shard_id, following)
                     break
                 kept = [r for r in records if self._matches(r)]
                 last = records[-1]["dynamodb"]["SequenceNumber"]
                 if not kept:
                     self.done[shard_id] = last
+                    self._keep_iterator(shard_id, following)
                     continue
                 event = {"Records": [self._as_lambda_record(r) for r in kept]}
-                return Batch(shard_id, event, last, [r["dynamodb"]["SequenceNumber"] for r in kept])
+                sequences = [r["dynamodb"]["SequenceNumber"] for r in kept]
+                return Batch(shard_id, event, last, sequences, following)
         return None
+
+    def _read(self, shard_id: str) -> Any:
+        kept = self._iterators.pop(shard_id, None)
+        if kept is not None:
+            with contextlib.suppress(ClientError):  # expired (15 min on AWS): read on from the checkpoint
+                return self.client.get_records(ShardIterator=kept, Limit=self.batch_size)
+        return self.client.get_records(ShardIterator=self._iterator(shard_id), Limit=self.batch_size)
+
+    def _keep_iterator(self, shard_id: str, following: str | None) -> None:
+        if following:
+            self._iterators[shard_id] = following
 
     def finished(self, batch: Batch, result: Any, *, failed: bool) -> bool:
         """Move the checkpoint as the invocation's outcome says; True when the whole batch is done."""
@@ -72,6 +99,7 @@ class TableStream:
         failures = result.get("batchItemFailures", []) if isinstance(result, dict) else []
         if not failures:
             self.done[batch.shard] = batch.last
+            self._keep_iterator(batch.shard, batch.following)
             return True
         lowest = min((str(f.get("itemIdentifier", "")) for f in failures), key=_order)
         if lowest not in batch.sequences:  # an identifier that names no record: the whole batch failed

@@ -13,6 +13,7 @@ storm (faults off, capacity back, every event delivered, the clock past every gr
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,23 +24,26 @@ from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
 from gpujobs.domain import retention
-from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.admission import plan
+from gpujobs.domain.budget import BudgetMode, launch_hold
 from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
 from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
 from gpujobs.domain.hangs import launched_at
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
-from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job import Admission, Job, Market
 from gpujobs.domain.job_access import job_prefix
 from gpujobs.domain.launching import LEASE_MARGIN
+from gpujobs.domain.ledger import gpus_of, holds, truth, waits
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
+from gpujobs.domain.teams import TeamDirectory, parse_team_config
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, JobNotFoundError, LaunchRequest, QuotaExceededError
 from gpujobs.service.repairs import Repair
-from gpujobs_fakes.memory import FixedClock
+from gpujobs_fakes.memory import FixedClock, StaticTeamConfig
 from tests.service.conftest import World
 from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
 
@@ -70,6 +74,8 @@ EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED, ExitCode
 CONFIG_ERROR_CODES = (ExitCode.CONFIG_ERROR, 2)
 MARKETS = (Market.SPOT.value, Market.ON_DEMAND.value)
 FAULT_TIMINGS = (When.BEFORE, When.AFTER)
+TEAM_PRINCIPAL = "AROAEXAMPLEID1234567"
+"""Who submits when the sequence runs with a team configuration."""
 
 
 def item_bytes(job: Job) -> int:
@@ -153,6 +159,10 @@ class SimulatedCloud:
     """Moved attempts the control plane terminated before their replacement's gang was up."""
     warned: set[str] = field(default_factory=set)
     """Instances EC2 sent a spot warning for."""
+    teams: StaticTeamConfig | None = None
+    """The team configuration the sequence runs with (`use_teams`); None: none."""
+    admissions: dict[str, Admission | None] = field(default_factory=dict)
+    """Per job, its admission as the last step left it: a preemption takes only borrowed GPUs."""
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
 
     """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
@@ -227,8 +237,32 @@ class SimulatedCloud:
             if job.current_attempt is not None and job.current_attempt.lease_expires_at is not None
         }
 
+    def use_teams(self, config: dict[str, Any] | None) -> None:
+        """Run with a team configuration (quotas, weights, borrowing, priorities): submissions then
+        come from its principal. None: without one, as a single-tenant stack."""
+        if config is None:
+            return
+        document = {
+            "teams": {team: {"principals": [TEAM_PRINCIPAL], **quota} for team, quota in config["teams"].items()},
+            "fleet": config.get("fleet", {}),
+        }
+        self.teams = StaticTeamConfig(parse_team_config(json.dumps(document)))
+        self.world.rewire(teams=self.teams)
+
+    def switch_teams(self, *, drain: bool, pause: str | None) -> None:
+        """The platform team drains the fleet or pauses a team (or lifts it): quotas stay as they are."""
+        if self.teams is None:
+            return
+        directory = self.teams.directory
+        teams = {
+            name: replace(policy, quota=replace(policy.quota, paused=name == pause))
+            for name, policy in directory.teams.items()
+        }
+        self.teams.directory = replace(directory, teams=teams, fleet=replace(directory.fleet, drain=drain))
+
     def submit(self, body: str, message_id: str) -> bool:
-        handled = self.attempt(lambda: self.world.service.handle_message(body, message_id=message_id))
+        sender = TEAM_PRINCIPAL if self.teams is not None else None
+        handled = self.attempt(lambda: self.world.service.handle_message(body, message_id=message_id, sender=sender))
         for job in self.jobs():  # the CLI uploaded its code archive before it sent the message
             if job.job_id not in self.objects and not job.state.is_terminal:
                 self.objects[job.job_id] = f"{job_prefix(job.job_id)}code/archive.tar.gz"
@@ -479,6 +513,40 @@ class SimulatedCloud:
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
         problems += self.moves_broken_early
+        problems += self._ledger_and_quotas(jobs)
+        return problems
+
+    def _ledger_and_quotas(self, jobs: dict[str, Job]) -> list[str]:
+        """The GPU ledger equals what the records stand for; no team holds more of its own GPUs than
+        its quota, nor the fleet more than its cap; only borrowed GPUs are ever preempted."""
+        problems: list[str] = []
+        ledger, expected = self.world.store.ledger(), truth(jobs.values())
+        if ledger != expected:
+            drift = {k: (ledger.get(k), expected.get(k)) for k in set(ledger.counters) | set(expected.counters)}
+            problems.append(
+                f"the GPU ledger drifted (ledger, records): { {k: v for k, v in drift.items() if v[0] != v[1]} }"
+            )
+        for job in jobs.values():
+            before = self.admissions.get(job.job_id)
+            preempted = bool(job.history) and job.history[-1].reason is Reason.PREEMPTED and job.admission is None
+            if preempted and before is not None and not before.borrowed:
+                problems.append(f"{job.job_id} was preempted holding none but its own team's GPUs")
+            self.admissions[job.job_id] = job.admission
+        if self.teams is None:
+            return problems
+        directory = self.teams.directory
+        own: Counter[str] = Counter()
+        for job in jobs.values():
+            if holds(job) and job.admission is not None and not job.admission.borrowed:
+                own[job.team] += gpus_of(job)
+        problems += [
+            f"team {team} holds {held} GPUs of its own, over its quota of {directory.quota(team).gpus}"
+            for team, held in own.items()
+            if directory.quota(team).gpus is not None and held > (directory.quota(team).gpus or 0)
+        ]
+        cap = directory.fleet.max_gpus
+        if cap is not None and ledger.gpus > cap:
+            problems.append(f"the fleet holds {ledger.gpus} GPUs, over its cap of {cap}")
         return problems
 
     def _judge_termination(self, instance_ids: Any) -> None:
@@ -658,6 +726,11 @@ class SimulatedCloud:
         problems: list[str] = []
         jobs = self.jobs()
         wanted: set[str] = set()
+        directory = self.teams.directory if self.teams is not None else TeamDirectory.open()
+        budgets = self.world.budgets
+        queued = [j for j in jobs if waits(j) and launch_hold(j, budgets.policy_for(j.team), now=self.now) is None]
+        holding = [j for j in jobs if holds(j)]
+        self.admissible = {job_id for job_id, _ in plan(queued, holding, truth(jobs), directory, self.now).admit}
         problems += [problem for job in jobs if (problem := self._stopped_with_an_old_checkpoint(job))]
         for job in jobs:
             if job.state.is_terminal:
@@ -724,8 +797,10 @@ class SimulatedCloud:
         policy = self.world.budgets.policy_for(job.team)
         held = policy.mode is BudgetMode.HOLD
         if job.state is JobState.QUEUED:
-            waits = held or (policy.mode is BudgetMode.SPOT_ONLY and self._on_demand_only(job))
-            return None if waits else "still queued with capacity back"
+            if waits(job) and job.job_id not in self.admissible:
+                return None  # its team's quota, the fleet's cap or a pause keeps it waiting, as the plan says
+            waits_for_budget = held or (policy.mode is BudgetMode.SPOT_ONLY and self._on_demand_only(job))
+            return None if waits_for_budget else "still queued with capacity back"
         if job.state is not JobState.RUNNING:
             return "stuck"
         if job.stop_request is not None and self.now >= job.stop_request.deadline + RECONCILE_EVERY:

@@ -6,10 +6,12 @@ invocations with little time left (a walk cut short mid-ladder), deadlines and t
 spot warnings and reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
 changes delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler
-runs, reads of the table's stream by the Publisher function (late, or failing), and a fault armed at
-any port call (before it or after it took effect). After every step the invariants of
-`SimulatedCloud.violations` must hold; after the sequence, a quiet period must leave every active
-job healthy with nothing leaked and every state change published.
+runs, reads of the table's stream by the Publisher function (late, or failing), team quotas, fair
+share, borrowing and priorities with the fleet drained or a team paused at any point (admission and
+preemption), and a fault armed at any port call (before it or after it took effect). After every step the invariants of
+`SimulatedCloud.violations` must hold (the GPU ledger among them: equal to the records, no team over
+its quota); after the sequence, a quiet period must leave every active job healthy with nothing
+leaked, every state change published and no waiting job the admission plan would let in.
 
 CI runs the `ci` profile (a few hundred sequences); `make soak` runs 10,000 (profile `soak`).
 A failure prints the shrunk sequence as a runnable test: paste it next to this file to keep it.
@@ -34,6 +36,8 @@ from tests.service.conftest import spec
 
 SPECS: tuple[dict[str, Any], ...] = (
     spec(),
+    spec(priority="high"),
+    spec(priority="low", team="ml"),
     spec(nodes=2, instance_types=["p4d.24xlarge", "g5.xlarge"]),
     spec(capacity="on-demand", max_runtime_minutes=90, idle={"for_minutes": 10}),
     spec(capacity="spot", max_interruptions=1, team="ml"),
@@ -56,6 +60,14 @@ SCOPES = ("default", "ml", "all")
 JUMPS = (10, 45, 100, 150, 600, 1800, 4 * 3600)
 """Seconds; the longest crosses the budget period's end (the clock starts three hours before it)."""
 
+TEAM_CONFIGS: tuple[dict[str, Any] | None, ...] = (
+    None,
+    {"teams": {"default": {"gpus": 3, "borrow": True, "weight": 2}, "ml": {"gpus": 2}}, "fleet": {"max_gpus": 5}},
+    {"teams": {"default": {"gpus": 1, "borrow": True}, "ml": {"gpus": 3, "borrow": True, "max_priority": "normal"}}},
+)
+"""Without teams; two teams sharing a capped fleet (default borrows ml's idle quota); both borrowing,
+ml's jobs at most normal priority (its high ones are refused)."""
+
 pick = st.integers(min_value=0, max_value=63)
 
 
@@ -66,9 +78,14 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         self.messages: dict[str, str] = {}
 
     # ---- submissions and cancels ------------------------------------------------------------------
-    @initialize(variants=st.lists(st.integers(0, len(SPECS) - 1), min_size=1, max_size=3))
-    def jobs_are_submitted(self, variants: list[int]) -> None:
-        """Start with work to do, so that every sequence exercises running jobs, not an empty stack."""
+    @initialize(
+        variants=st.lists(st.integers(0, len(SPECS) - 1), min_size=1, max_size=3),
+        teams=st.integers(0, len(TEAM_CONFIGS) - 1),
+    )
+    def jobs_are_submitted(self, variants: list[int], teams: int) -> None:
+        """Start with work to do, so that every sequence exercises running jobs, not an empty stack;
+        with one of the team configurations (quotas, fair share, borrowing, priorities) or none."""
+        self.cloud.use_teams(TEAM_CONFIGS[teams])
         for message, variant in enumerate(variants):
             self.submit(message, variant)
 
@@ -202,6 +219,11 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
     @rule()
     def the_stream_is_read(self) -> None:
         self.cloud.read_stream()
+
+    @rule(drain=st.booleans(), pause=st.sampled_from([None, "default", "ml"]))
+    def platform_team_drains_or_pauses(self, drain: bool, pause: str | None) -> None:
+        """The platform team drains the fleet or pauses a team, or lifts it (quotas stay)."""
+        self.cloud.switch_teams(drain=drain, pause=pause)
 
     # ---- budgets, time, the reconciler, faults --------------------------------------------------------
     @rule(scope=st.sampled_from(SCOPES), mode=st.sampled_from([BudgetMode.SPOT_ONLY, BudgetMode.HOLD]))

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpujobs.domain.decisions import RATE_LIMITED_METRIC, heartbeat_record_interval, on_report
 from gpujobs.domain.effects import Outcome
-from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job import Admission, Job, Market
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, Report
 from gpujobs.domain.spec import validate_spec
@@ -31,7 +31,7 @@ def running(heartbeat_seconds: int = 60) -> Job:
         "trainer": {"heartbeat_seconds": heartbeat_seconds},
     }
     job = Job.submitted(job_id=JOB_ID, spec=validate_spec(spec), now=NOW, message_id="m-1")
-    claimed = claim_launch(job, now=NOW, hold=None).job
+    claimed = claim_launch(job, now=NOW, hold=None, admission=Admission(at=NOW)).job
     assert claimed is not None
     launched = record_launch(claimed, attempt_number=1, gang=GANG, tries=(), now=NOW).job
     assert launched is not None

@@ -15,7 +15,7 @@ import pytest
 
 from gpujobs.domain.decisions import on_rebalance, on_spot_warning, request_stop
 from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint, Terminate
-from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job import Admission, Job, Market
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.rundoc import RunDocument
 from gpujobs.domain.spec import CheckpointMode, validate_spec
@@ -37,7 +37,7 @@ CODE = "s3://team-code/runs/train.tar.gz"
 def running(mode: str) -> Job:
     spec = validate_spec({**SPEC, "checkpoint": mode})
     job = Job.submitted(job_id="j-0000000000000001", spec=spec, now=NOW, message_id="m-1")
-    claimed = claim_launch(job, now=NOW, hold=None).job
+    claimed = claim_launch(job, now=NOW, hold=None, admission=Admission(at=NOW)).job
     assert claimed is not None
     launched = record_launch(claimed, attempt_number=1, gang=GANG, tries=(), now=NOW).job
     assert launched is not None

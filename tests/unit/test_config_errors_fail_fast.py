@@ -15,7 +15,7 @@ from gpujobs.contract import JOB_EXITED, ExitCode
 from gpujobs.domain.decisions import on_checkpoint, on_exit, on_heartbeat
 from gpujobs.domain.effects import Launch
 from gpujobs.domain.fate import Verdict
-from gpujobs.domain.job import COMPLETED_END_REASON, MAX_ATTEMPTS_KEPT, MAX_DETAIL_CHARS, Job, Market
+from gpujobs.domain.job import COMPLETED_END_REASON, MAX_ATTEMPTS_KEPT, MAX_DETAIL_CHARS, Admission, Job, Market
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import validate_spec
@@ -38,7 +38,7 @@ ERROR = "GPUJOBS_CHECKPOINT_URI s3://nowhere/x is not reachable: AccessDenied"
 
 def running(nodes: int = 1) -> Job:
     job = Job.submitted(job_id=JOB_ID, spec=validate_spec({**SPEC, "nodes": nodes}), now=NOW, message_id="m-1")
-    claimed = claim_launch(job, now=NOW, hold=None).job
+    claimed = claim_launch(job, now=NOW, hold=None, admission=Admission(at=NOW)).job
     assert claimed is not None
     gang = Gang(tuple(f"i-{n}" for n in range(1, nodes + 1)), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
     launched = record_launch(claimed, attempt_number=1, gang=gang, tries=(), now=NOW).job
@@ -230,7 +230,7 @@ def test_a_replacements_configuration_error_after_ten_hours_of_training_is_a_cra
 def test_a_none_scripts_exit_2_after_five_hours_over_two_attempts_is_a_crash_retried() -> None:
     # given a `none` script (the launcher heartbeats at step 0) that ran 5 h, then was reclaimed
     job = Job.submitted(job_id=JOB_ID, spec=validate_spec({**SPEC, "checkpoint": "none"}), now=NOW, message_id="m-1")
-    claimed = claim_launch(job, now=NOW, hold=None).job
+    claimed = claim_launch(job, now=NOW, hold=None, admission=Admission(at=NOW)).job
     assert claimed is not None
     gang = Gang(("i-1",), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
     launched = record_launch(claimed, attempt_number=1, gang=gang, tries=(), now=NOW).job

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gpujobs.domain.decisions import on_exit
-from gpujobs.domain.job import Job, LaunchTry, Market
+from gpujobs.domain.job import Admission, Job, LaunchTry, Market
 from gpujobs.domain.job_metrics import CAPACITY_REFUSALS, LAUNCHES, TEAM_COST, JobMetric, metrics_of_change
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.reports import ExitReport
@@ -24,7 +24,7 @@ PRICES = {"g5.xlarge": 1.0, "g6.xlarge": 0.8}
 
 def claimed() -> Job:
     job = Job.submitted(job_id="j-0000000000000001", spec=validate_spec(SPEC), now=NOW, message_id="m-1")
-    decided = claim_launch(job, now=NOW, hold=None).job
+    decided = claim_launch(job, now=NOW, hold=None, admission=Admission(at=NOW)).job
     assert decided is not None
     return decided
 

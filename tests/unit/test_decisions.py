@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpujobs.domain.decisions import on_exit, settle
 from gpujobs.domain.effects import IGNORED, DeleteAlarms, Launch, Outcome, Terminate
-from gpujobs.domain.job import Job, Market, StopRequest
+from gpujobs.domain.job import Admission, Job, Market, StopRequest
 from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.reports import ExitReport
 from gpujobs.domain.spec import validate_spec
@@ -20,7 +20,7 @@ GANG = Gang(("i-1",), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
 
 def launching() -> Job:
     job = Job.submitted(job_id=JOB_ID, spec=validate_spec(SPEC), now=NOW, message_id="m-1")
-    claimed = claim_launch(job, now=NOW, hold=None).job
+    claimed = claim_launch(job, now=NOW, hold=None, admission=Admission(at=NOW)).job
     assert claimed is not None
     return claimed
 

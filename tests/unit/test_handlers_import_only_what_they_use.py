@@ -64,6 +64,14 @@ EVERY_HANDLER = {
     "gpujobs.domain.records",  # how the store reads and writes a record of any neighbouring release
     "gpujobs.domain.retention",  # the store writes the sparse ByEnd key of an ended job (pure, 50 lines)
     "gpujobs.domain.stored",
+    # parts of the record and the spec split out of `job` and `spec` (the module size limit), and of
+    # the store: its typed errors and DynamoDB's item size arithmetic
+    "gpujobs.domain.values",
+    "gpujobs.domain.attempts",
+    "gpujobs.domain.spec_parts",
+    "gpujobs.service.store_errors",
+    "gpujobs.adapters.item_size",
+    "gpujobs.domain.ledger",  # every write of the store adds its change to the GPU ledger (pure, ~150 lines)
     "gpujobs.runtime",
     "gpujobs.runtime.bootstrap",
     "gpujobs.runtime.observability",
@@ -93,6 +101,8 @@ ALLOWED = {
     "submit": EVERY_HANDLER | {"gpujobs.runtime.sqs_batch"},
 }
 LAUNCH_ONLY = {
+    "gpujobs.domain.admission",  # a waiting job's admission at its launch, and the reconciler's plan
+    "gpujobs.service.admitting",
     "gpujobs.service.launcher",
     "gpujobs.domain.ladder",
     "gpujobs.domain.deadline",
@@ -112,6 +122,7 @@ NOT_AT_IMPORT = {
     "gpujobs.domain.hangs",
     "detect_secrets",
     "gpujobs.domain.teams",
+    "gpujobs.domain.team_quotas",
 }
 """Loaded by the first YAML document (submit only), the first submitted `env` (detect-secrets, about
 0.3 s) or the first call of the use case that needs them (the team rules: the first submission or

@@ -7,6 +7,11 @@ item) surfaces as ConcurrentUpdateError instead of a silent overwrite or a crash
 `objects_kept` and `ended_at` for the sparse `ByEnd` index (`domain.retention`); instance items carry
 `instance_id` for the `ByInstance` index. Every lookup is a query; nothing here scans.
 
+The GPU ledger (`domain.ledger`) is one more item, `LEDGER`/`GPUS`, of number attributes that are only
+ever added to: a write that changes what a job holds or whether it waits carries that change to the
+ledger in its own transaction (`change_of` between the record as this store read it and the record
+written; a record not read here is read again first), with an admission's ceilings as conditions.
+
 The record itself is the `doc` attribute, JSON, read and written as `domain.records` says: a newer
 release's fields are kept on write-back, and every write stamps `schema_version`. An item this release
 cannot read raises UnreadableJobError naming its key; a listing skips it when told how to report it.
@@ -19,18 +24,21 @@ before it writes and refuses an oversized one with JobRecordTooLargeError, as do
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from gpujobs.adapters.item_size import MAX_ITEM_BYTES, item_size
 from gpujobs.domain import retention
 from gpujobs.domain.job import Job
+from gpujobs.domain.ledger import Ledger, LedgerChange, Standing, change_of, standing_of
 from gpujobs.domain.records import RECORD_SCHEMA_VERSION, read_record, record_json
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
+    AdmissionRefusedError,
     ConcurrentUpdateError,
     JobExistsError,
     JobNotFoundError,
@@ -38,6 +46,8 @@ from gpujobs.service.ports import (
     UnreadableJobError,
     UnreadableObserver,
 )
+
+__all__ = ["MAX_ITEM_BYTES", "DynamoJobStore", "item_size", "job_item", "job_of_item", "sized_job_item"]
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -53,12 +63,13 @@ OBJECTS_KEPT = "ended"
 LOST_RACE_CODES = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
 """Cancellation reasons that mean another writer got there first: the version check failed, or
 another transaction was writing the same item at that moment. The service retries both."""
-MAX_ITEM_BYTES = 400 * 1024
-"""DynamoDB's item size limit (KB = 1024 bytes)."""
 BATCH_GET_KEYS = 100
 """BatchGetItem's limit on keys a call."""
 BATCH_GET_ROUNDS = 4
 """Calls beyond one per 100 keys for the keys DynamoDB left unprocessed, before they are read one by one."""
+LEDGER_KEY: dict[str, dict[str, str]] = {"pk": {"S": "LEDGER"}, "sk": {"S": "GPUS"}}
+STANDINGS_KEPT = 50_000
+"""Records read recently whose ledger standing is remembered (a save of one needs no second read)."""
 
 
 def job_pk(job_id: str) -> str:
@@ -75,25 +86,41 @@ class DynamoJobStore:
         self._table = table_name
         self._ddb = client
         self._on_too_large = on_too_large
+        self._standings: OrderedDict[tuple[str, int], Standing] = OrderedDict()
 
     # ---- writes -------------------------------------------------------------------------
     def create(self, job: Job) -> Job:
         stored = job.model_copy(update={"version": 1})
+        change = change_of(Standing(), stored)
+        put: TransactWriteItemTypeDef = {
+            "Put": {
+                "TableName": self._table,
+                "Item": self._item(stored),
+                "ConditionExpression": "attribute_not_exists(pk)",
+            }
+        }
         try:
-            self._ddb.put_item(
-                TableName=self._table,
-                Item=self._item(stored),
-                ConditionExpression="attribute_not_exists(pk)",
-            )
+            if change:
+                self._ddb.transact_write_items(TransactItems=[put, self._ledger_write(change)])
+            else:
+                self._ddb.put_item(**put["Put"])
         except self._ddb.exceptions.ConditionalCheckFailedException:
             raise JobExistsError(job.job_id) from None
+        except self._ddb.exceptions.TransactionCanceledException as exc:
+            codes = _cancellation_codes(exc)
+            if codes[0] == "ConditionalCheckFailed":
+                raise JobExistsError(job.job_id) from None
+            if "TransactionConflict" in codes:
+                raise ConcurrentUpdateError(job.job_id, 0) from None
+            raise
         except self._ddb.exceptions.ClientError as exc:
             self._raise_if_refused_for_size(exc, stored)
             raise
-        return stored
+        return self._remember(stored)
 
     def save(self, job: Job) -> Job:
         stored = job.model_copy(update={"version": job.version + 1})
+        change = change_of(self._standing_as_read(job), stored)
         writes: list[TransactWriteItemTypeDef] = [
             {
                 "Put": {
@@ -105,6 +132,8 @@ class DynamoJobStore:
                 }
             }
         ]
+        if change:
+            writes.append(self._ledger_write(change))
         attempt = job.current_attempt
         if attempt is not None:
             writes += [
@@ -119,14 +148,76 @@ class DynamoJobStore:
         try:
             self._ddb.transact_write_items(TransactItems=writes)
         except self._ddb.exceptions.TransactionCanceledException as exc:
-            codes = {reason.get("Code") for reason in exc.response.get("CancellationReasons") or []}
-            if codes & LOST_RACE_CODES:
+            codes = _cancellation_codes(exc)
+            if codes[0] in LOST_RACE_CODES or "TransactionConflict" in codes:
                 raise ConcurrentUpdateError(job.job_id, job.version) from None
+            if change and len(codes) > 1 and codes[1] == "ConditionalCheckFailed":
+                raise AdmissionRefusedError(job.job_id, change.ceilings) from None
             raise
         except self._ddb.exceptions.ClientError as exc:
             self._raise_if_refused_for_size(exc, stored)
             raise
-        return stored
+        return self._remember(stored)
+
+    def _ledger_write(self, change: LedgerChange) -> TransactWriteItemTypeDef:
+        """Add the change's counts to the ledger item, if its ceilings hold (one transaction item)."""
+        names: dict[str, str] = {}
+        values: dict[str, AttributeValueTypeDef] = {}
+        adds, conditions = [], []
+        for index, (name, amount) in enumerate(sorted(change.adds.items())):
+            names[f"#a{index}"], values[f":a{index}"] = name, {"N": str(amount)}
+            adds.append(f"#a{index} :a{index}")
+        for index, (name, ceiling) in enumerate(sorted(change.ceilings.items())):
+            names[f"#c{index}"], values[f":c{index}"] = name, {"N": str(ceiling)}
+            conditions.append(f"(attribute_not_exists(#c{index}) OR #c{index} <= :c{index})")
+        if not adds:
+            return {
+                "ConditionCheck": {
+                    "TableName": self._table,
+                    "Key": dict(LEDGER_KEY),
+                    "ConditionExpression": " AND ".join(conditions),
+                    "ExpressionAttributeNames": names,
+                    "ExpressionAttributeValues": values,
+                }
+            }
+        update: TransactWriteItemTypeDef = {
+            "Update": {
+                "TableName": self._table,
+                "Key": dict(LEDGER_KEY),
+                "UpdateExpression": "ADD " + ", ".join(adds),
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+            }
+        }
+        if conditions:
+            update["Update"]["ConditionExpression"] = " AND ".join(conditions)
+        return update
+
+    def _standing_as_read(self, job: Job) -> Standing:
+        """What the record `job` was read as stood for in the ledger: remembered from the read, or
+        read again (a record that changed since fails the write's own version condition anyway)."""
+        known = self._standings.get((job.job_id, job.version))
+        if known is not None:
+            return known
+        item = self._ddb.get_item(
+            TableName=self._table, Key={"pk": {"S": job_pk(job.job_id)}, "sk": {"S": JOB_SK}}, ConsistentRead=True
+        ).get("Item")
+        if item is None:
+            raise ConcurrentUpdateError(job.job_id, job.version)
+        current = job_of_item(item)
+        if current.version != job.version:
+            raise ConcurrentUpdateError(job.job_id, job.version)
+        return standing_of(current)
+
+    def _remember(self, job: Job) -> Job:
+        self._standings[(job.job_id, job.version)] = standing_of(job)
+        while len(self._standings) > STANDINGS_KEPT:
+            self._standings.popitem(last=False)
+        return job
+
+    def ledger(self) -> Ledger:
+        item = self._ddb.get_item(TableName=self._table, Key=dict(LEDGER_KEY), ConsistentRead=True).get("Item") or {}
+        return Ledger({name: int(value["N"]) for name, value in item.items() if "N" in value and int(value["N"])})
 
     # ---- reads --------------------------------------------------------------------------
     def get(self, job_id: str) -> Job:
@@ -262,9 +353,8 @@ class DynamoJobStore:
             "attempt": {"N": str(attempt)},
         }
 
-    @staticmethod
-    def _from_item(item: Item) -> Job:
-        return job_of_item(item)
+    def _from_item(self, item: Item) -> Job:
+        return self._remember(job_of_item(item))
 
 
 def job_of_item(item: Item) -> Job:
@@ -326,38 +416,9 @@ def sized_job_item(job: Job) -> Item:
     return item
 
 
-def item_size(item: Item) -> int:
-    """An item's size as DynamoDB counts it: each attribute's UTF-8 name plus its value."""
-    return sum(len(name.encode()) + _value_size(value) for name, value in item.items())
-
-
-def _value_size(value: Any) -> int:
-    ((kind, data),) = value.items()
-    if kind == "S":
-        return len(str(data).encode())
-    if kind == "N":
-        return _number_size(str(data))
-    if kind == "B":
-        return len(data)
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind == "SS":
-        return sum(len(str(x).encode()) for x in data)
-    if kind == "NS":
-        return sum(_number_size(str(x)) for x in data)
-    if kind == "BS":
-        return sum(len(x) for x in data)
-    if kind == "L":
-        return 3 + sum(1 + _value_size(x) for x in data)
-    if kind == "M":
-        return 3 + sum(1 + len(k.encode()) + _value_size(v) for k, v in data.items())
-    raise ValueError(f"unknown DynamoDB type {kind}")
-
-
-def _number_size(text: str) -> int:
-    """About one byte per two significant digits, plus one."""
-    digits = format(abs(Decimal(text)).normalize(), "f").replace(".", "").strip("0") or "0"
-    return (len(digits) + 1) // 2 + 1
+def _cancellation_codes(exc: Any) -> list[str | None]:
+    """The reason code of each item of a cancelled transaction, in order ("None" where it passed)."""
+    return [reason.get("Code") for reason in exc.response.get("CancellationReasons") or []] or [None]
 
 
 def _refused_for_size(exc: Any) -> bool:

@@ -34,6 +34,7 @@ from gpujobs.domain.effects import (
     live_instances,
 )
 from gpujobs.domain.fate import (
+    PREEMPTION_GRACE,
     STOP_CHECKPOINT_DEADLINE,
     Verdict,
     interruption_moves,
@@ -55,7 +56,7 @@ while the first is being answered costs nothing."""
 HEARTBEAT_RECORD_INTERVAL = timedelta(seconds=30)
 """An attempt's heartbeats are written at most once per this (or per its own period, if shorter)."""
 RATE_LIMITED_METRIC = "ReportsRateLimited"
-STOP_METRIC = {Reason.IDLE: "IdleStops", Reason.BUDGET_EXCEEDED: "BudgetStops"}
+STOP_METRIC = {Reason.IDLE: "IdleStops", Reason.BUDGET_EXCEEDED: "BudgetStops", Reason.PREEMPTED: "Preemptions"}
 
 
 def running_attempt(job: Job, instance_id: str) -> Attempt | None:
@@ -278,7 +279,8 @@ def settle(job: Job, *, now: datetime) -> Decision:
             "crashes": changed.crashes + (1 if move.counts_crash else 0),
         }
         for target, reason in move.steps:
-            changed = changed.transition(target, reason, now=now, detail=judgement.detail, **counters)
+            released = {"admission": None, "stop_request": None} if reason is Reason.PREEMPTED else {}
+            changed = changed.transition(target, reason, now=now, detail=judgement.detail, **counters, **released)
         relaunch = relaunch or move.relaunch
     changed, stop_effects, stop_note = _carry_out_stop(changed, now)
     effects += stop_effects
@@ -308,7 +310,7 @@ def _carry_out_stop(job: Job, now: datetime) -> tuple[Job, tuple[Effect, ...], s
     if request.executed_at is None:
         executed = request.model_copy(update={"executed_at": now})
         job = job.model_copy(update={"stop_request": executed, "updated_at": now})
-    if attempt.market is Market.ON_DEMAND:
+    if attempt.market is Market.ON_DEMAND and request.reason is not Reason.PREEMPTED:  # a preempted job relaunches
         return job, (Stop(live),), f"stopping {len(live)} on-demand instance(s) for {request.reason.value}"
     return job, (Terminate(live),), f"terminating {len(live)} spot instance(s) for {request.reason.value}"
 
@@ -352,7 +354,7 @@ def request_stop(job: Job, reason: Reason, *, detail: str, now: datetime) -> Dec
     request = StopRequest(
         reason=reason,
         requested_at=now,
-        deadline=now + STOP_CHECKPOINT_DEADLINE,
+        deadline=now + (PREEMPTION_GRACE if reason is Reason.PREEMPTED else STOP_CHECKPOINT_DEADLINE),
         checkpoint_step_at_request=job.checkpoint_step,
         detail=detail,
     )

@@ -105,6 +105,10 @@ class Outcome(StrEnum):
     IDLE_DETECTION_OFF = "idle detection off: no GPU metric (noted)"
     LAUNCH_CLAIMED = "launch claimed"
     LAUNCH_HELD = "held by the budget"
+    ADMITTED = "admitted: its team's GPUs fit"
+    ADMISSION_WAITS = "waits for admission"
+    PREEMPTED = "preempted: waits its turn again"
+    ENROLLED = "counted in the GPU ledger"
     LAUNCHED = "instances launched"
     LAUNCH_ENDED = "launch ended"
     LAUNCH_PAUSED = "launch paused at the invocation's deadline"
@@ -127,6 +131,7 @@ class Outcome(StrEnum):
     ALARM_OF_ENDED_ATTEMPT = "ignored: the alarm's attempt is over (alarm deleted)"
     ALARM_NOT_ACTIONABLE = "ignored: the alarm is not in ALARM or names no instance"
     NOT_DUE = "ignored: no launch is due"
+    NOT_ADMITTED = "ignored: it waits for admission"
     NOT_A_BUDGET_ALERT = "ignored: not a budget notification we understand"
     NOT_THIS_STACK = "ignored: not one of this stack's budgets"
     BELOW_THRESHOLD = "ignored: anomaly below the threshold"
@@ -154,6 +159,7 @@ IGNORED = frozenset(
         Outcome.ALARM_OF_ENDED_ATTEMPT,
         Outcome.ALARM_NOT_ACTIONABLE,
         Outcome.NOT_DUE,
+        Outcome.NOT_ADMITTED,
         Outcome.NOT_A_BUDGET_ALERT,
         Outcome.NOT_THIS_STACK,
         Outcome.BELOW_THRESHOLD,

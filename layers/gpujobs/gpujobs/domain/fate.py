@@ -24,6 +24,9 @@ PREEMPTED_EXIT_CODE = ExitCode.PREEMPTED
 REPORT_GRACE = timedelta(seconds=90)
 """How long to wait, after an attempt's instances are gone, for exit reports still in flight."""
 STOP_CHECKPOINT_DEADLINE = timedelta(minutes=10)
+PREEMPTION_GRACE = timedelta(minutes=2)
+"""How long a preempted job gets to commit its checkpoint (`domain.admission`): a spot warning's
+window (`gangs.SPOT_WARNING_WINDOW`), so a preemption loses no more than a spot interruption."""
 """How long a policy stop waits for the checkpoint it asked for before stopping anyway."""
 BOOT_WINDOW = timedelta(minutes=15)
 """An attempt whose instances were all gone this soon after its launch, with no report of any kind,
@@ -191,6 +194,8 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
     if verdict is Verdict.STOPPED or job.stop_request is not None:
         # A policy stop under way ends the job whatever took the instances: a reclaim, a crash.
         assert job.stop_request is not None
+        if job.stop_request.reason is Reason.PREEMPTED:  # it gave its borrowed GPUs back: it waits again
+            return Move(((JobState.QUEUED, Reason.PREEMPTED),), relaunch=False)
         return Move(((JobState.STOPPED, job.stop_request.reason),), relaunch=False)
     if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED:
         # An attempt already being reclaimed that then crashes or vanishes is still a reclaim.

@@ -15,50 +15,50 @@ detail is capped at `MAX_DETAIL_CHARS`. What the runtime and cost caps need of a
 
 from __future__ import annotations
 
-import hashlib
-from datetime import datetime, timedelta
-from enum import StrEnum
-from typing import Annotated
+from datetime import datetime
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from gpujobs.contract import container_name
+from gpujobs.domain.attempts import (
+    BOOT_ALLOWANCE,
+    COMPLETED_END_REASON,
+    RESTORE_ALLOWANCE,
+    Attempt,
+    LaunchTry,
+    PoolUsage,
+    RetiredAttempts,
+)
 from gpujobs.domain.spec import JobSpec
-from gpujobs.domain.states import WAITING_FOR_ROOM, JobState, Reason, check_transition
+from gpujobs.domain.states import JobState, Reason, check_transition
+from gpujobs.domain.values import MAX_DETAIL_CHARS, Admission, Detail, Frozen, Market, cap_detail
 
-MAX_DETAIL_CHARS = 400
-"""Longest free text kept (EC2's capacity messages run to about 300 characters)."""
+__all__ = [
+    "BOOT_ALLOWANCE",
+    "COMPLETED_END_REASON",
+    "MAX_DETAIL_CHARS",
+    "RESTORE_ALLOWANCE",
+    "Admission",
+    "Attempt",
+    "Detail",
+    "HistoryEntry",
+    "Job",
+    "LaunchTry",
+    "Market",
+    "PoolUsage",
+    "RetiredAttempts",
+    "StopRequest",
+    "cap_detail",
+]
+
 MAX_HISTORY_KEPT = 40
 MAX_ATTEMPTS_KEPT = 4
 """Finished attempts kept in full besides any unfinished one; older ones become `RetiredAttempts`."""
 MAX_TRIES_KEPT = 12
 """Refused rungs kept per attempt: the newest, which say why the latest walk found nothing."""
 MAX_PROBLEMS_KEPT = 20
-BOOT_ALLOWANCE = timedelta(minutes=8)
-"""Launch to training: p3/p4 provisioning (about 4 min) plus a multi-GB image pull (the goodput bench)."""
-RESTORE_ALLOWANCE = timedelta(minutes=1)
-"""Loading the newest checkpoint onto the GPUs."""
-COMPLETED_END_REASON = "succeeded"
-"""The `end_reason` of an attempt whose nodes all exited 0 (`fate.Verdict.SUCCEEDED`)."""
 
 
-def cap_detail(text: str) -> str:
-    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1] + "…"
-
-
-Detail = Annotated[str, AfterValidator(cap_detail)]
-
-
-class Market(StrEnum):
-    SPOT = "spot"
-    ON_DEMAND = "on-demand"
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class HistoryEntry(_Frozen):
+class HistoryEntry(Frozen):
     at: datetime
     source: JobState | None
     target: JobState
@@ -67,198 +67,7 @@ class HistoryEntry(_Frozen):
     detail: Detail = ""
 
 
-class LaunchTry(_Frozen):
-    """One rung of the capacity ladder that was tried and refused."""
-
-    at: datetime
-    instance_type: str
-    zone: str
-    subnet_id: str
-    market: Market
-    error_code: str
-    message: Detail = ""
-
-
-class Attempt(_Frozen):
-    """One launch of the whole gang. A job's attempts are numbered from 1."""
-
-    number: int
-    started_at: datetime
-    instance_ids: tuple[str, ...] = ()
-    instance_type: str | None = None
-    zone: str | None = None
-    subnet_id: str | None = None
-    market: Market | None = None
-    resume_from_step: int | None = None
-    checkpoint_step: int | None = None
-    """Newest checkpoint this attempt committed."""
-    checkpoint_at: datetime | None = None
-    """When `checkpoint_step` was recorded: the attempt's work up to then is kept, the rest is redone."""
-    ended_at: datetime | None = None
-    end_reason: str | None = None
-    tries: tuple[LaunchTry, ...] = ()
-    tries_dropped: int = 0
-    """Refusals older than the newest `MAX_TRIES_KEPT`, counted but no longer kept."""
-    lease_expires_at: datetime | None = None
-    """While LAUNCHING: until when the launcher that started this attempt owns it."""
-    interrupted_at: datetime | None = None
-    """When a spot warning (or a preempted exit) marked this attempt as being reclaimed."""
-    moved: bool = False
-    """Interrupted by a deadline's move, not by EC2: it trains on until its replacement's gang is up."""
-    exit_codes: dict[str, int] = Field(default_factory=dict)
-    """Container exit code per instance id, as each node reported it (`Job Exited`)."""
-    error_line: Detail = ""
-    """The message of the attempt's first failed exit report (say, the trainer's configuration
-    error), capped: what `gpujobs status` shows of why the attempt failed."""
-    gone: tuple[str, ...] = ()
-    """Instances seen stopping, stopped, shutting down or terminated."""
-    gone_at: datetime | None = None
-    """When the last of the attempt's instances was seen gone."""
-    first_gone_at: datetime | None = None
-    """When the first of them was: a node gone without a report breaks the gang after a grace."""
-    gone_reasons: dict[str, str] = Field(default_factory=dict)
-    """EC2's state reason per instance seen gone (DescribeInstances `StateReason`), when it gave one."""
-    last_heartbeat_at: datetime | None = None
-    heartbeat_step: int | None = None
-    checkpoint_signalled_at: datetime | None = None
-    idle_detection_off_at: datetime | None = None
-    """When the reconciler found this attempt's idle alarms fed no GPU metric (`domain.idle_detection`)."""
-
-    @property
-    def all_gone(self) -> bool:
-        return bool(self.instance_ids) and set(self.instance_ids) <= set(self.gone)
-
-    @property
-    def all_reported(self) -> bool:
-        return bool(self.instance_ids) and set(self.instance_ids) <= set(self.exit_codes)
-
-    @property
-    def useful_instance_seconds(self) -> float:
-        """Instance-seconds whose work was kept: up to the end of an attempt that completed the job,
-        else up to its newest committed checkpoint (work after it is redone by the next attempt)."""
-        kept_until = self.ended_at if self.end_reason == COMPLETED_END_REASON else self.checkpoint_at
-        if not self.instance_ids or kept_until is None:
-            return 0.0
-        return max(0.0, (kept_until - self.started_at).total_seconds()) * len(self.instance_ids)
-
-    @property
-    def trains_from(self) -> datetime:
-        """When its training begins, once it has booted and restored (`BOOT_ALLOWANCE`, `RESTORE_ALLOWANCE`)."""
-        return self.started_at + BOOT_ALLOWANCE + RESTORE_ALLOWANCE
-
-    @property
-    def trained_to_sync(self) -> timedelta:
-        """Training kept by its newest commit or sync: from `trains_from` up to that (`deadline.time_trained`)."""
-        kept = self.checkpoint_at - self.trains_from if self.checkpoint_at is not None else timedelta(0)
-        return max(timedelta(0), kept)
-
-    @property
-    def pool(self) -> tuple[str, str, Market] | None:
-        if self.instance_type and self.zone and self.market:
-            return (self.instance_type, self.zone, self.market)
-        return None
-
-    def container_name(self, job_id: str) -> str:
-        """The name the bootstrap gives the training container (the SSM signal addresses it)."""
-        return container_name(job_id, self.number)
-
-    @property
-    def is_over(self) -> bool:
-        return self.ended_at is not None
-
-    def client_token(self, job_id: str, *, instance_type: str, subnet_id: str, market: Market) -> str:
-        """EC2 idempotency token for launching this attempt into one pool (type, subnet, market).
-
-        Derived from the pool, not from the rung's position in the ladder: a takeover whose ladder
-        is ordered differently (a reclaimed pool moved last, on-demand removed by a forecast, a
-        subnet added) still sends a pool the token it was sent before, so a retry can never send a
-        token EC2 remembers with another pool's parameters. The subnet, not just its zone, because
-        two subnets of one zone are two requests. At most 64 ASCII characters, as EC2 requires.
-        """
-        pool = hashlib.sha256(f"{instance_type}|{subnet_id}|{market.value}".encode()).hexdigest()[:16]
-        return f"{job_id}-a{self.number}-{pool}"
-
-
-class PoolUsage(_Frozen):
-    """Instance-seconds a job's retired attempts spent in one pool."""
-
-    instance_type: str
-    zone: str | None
-    market: Market
-    instance_seconds: float
-    useful_instance_seconds: float = 0.0
-    """The part of `instance_seconds` whose work was kept (`Attempt.useful_instance_seconds`)."""
-
-
-class RetiredAttempts(_Frozen):
-    """What the attempts dropped from the record held, so runtime and cost caps still count them."""
-
-    count: int = 0
-    runtime_seconds: float = 0.0
-    """Wall time the retired attempts held instances."""
-    usage: tuple[PoolUsage, ...] = ()
-    no_capacity_in_a_row: int = 0
-    """How many of the newest retired attempts found no capacity (or no quota), so the retry backoff keeps growing."""
-    boot_deaths_in_a_row: int = 0
-    """Newest retired attempts in a row that saw their instances die at boot (`fate.boot_deaths_in_a_row`)."""
-    progressed: bool = False
-    """Whether any retired attempt heartbeated or committed a checkpoint (`fate.made_progress`)."""
-    trained_seconds: float = 0.0
-    """What the retired attempts' commits or syncs kept of training (`Attempt.trained_to_sync`)."""
-
-    def including(self, attempt: Attempt) -> RetiredAttempts:
-        in_a_row = self.no_capacity_in_a_row + 1 if attempt.end_reason in WAITING_FOR_ROOM else 0
-        heard = attempt.last_heartbeat_at is not None or attempt.checkpoint_step is not None
-        progressed = self.progressed or heard
-        trained = self.trained_seconds + attempt.trained_to_sync.total_seconds()
-        if not attempt.instance_ids or attempt.ended_at is None:
-            update = {"count": self.count + 1, "no_capacity_in_a_row": in_a_row, "progressed": progressed}
-            return self.model_copy(update={**update, "trained_seconds": trained})
-        boot_deaths = self.boot_deaths_in_a_row + 1 if attempt.end_reason == Reason.DIED_AT_BOOT.value else 0
-        held = (attempt.ended_at - attempt.started_at).total_seconds()
-        market = attempt.market or Market.ON_DEMAND
-        pool = (attempt.instance_type or "", attempt.zone, market)
-        usage = list(self.usage)
-        spent, useful = held * len(attempt.instance_ids), attempt.useful_instance_seconds
-        for index, known in enumerate(usage):
-            if (known.instance_type, known.zone, known.market) == pool:
-                usage[index] = known.model_copy(
-                    update={
-                        "instance_seconds": known.instance_seconds + spent,
-                        "useful_instance_seconds": known.useful_instance_seconds + useful,
-                    }
-                )
-                break
-        else:
-            usage.append(
-                PoolUsage(
-                    instance_type=pool[0],
-                    zone=pool[1],
-                    market=market,
-                    instance_seconds=spent,
-                    useful_instance_seconds=useful,
-                )
-            )
-        return RetiredAttempts(
-            count=self.count + 1,
-            runtime_seconds=self.runtime_seconds + held,
-            usage=tuple(usage),
-            no_capacity_in_a_row=in_a_row,
-            boot_deaths_in_a_row=boot_deaths,
-            progressed=progressed,
-            trained_seconds=trained,
-        )
-
-    @property
-    def runtime(self) -> timedelta:
-        return timedelta(seconds=self.runtime_seconds)
-
-    @property
-    def trained(self) -> timedelta:
-        return timedelta(seconds=self.trained_seconds)
-
-
-class StopRequest(_Frozen):
+class StopRequest(Frozen):
     """A policy asked the job to stop (idle, budget, runtime or cost cap). The instances go only
     once a checkpoint committed after `requested_at` is reported, or when `deadline` passes."""
 
@@ -271,7 +80,7 @@ class StopRequest(_Frozen):
     """When the instances were terminated (spot) or stopped (on-demand) for this request."""
 
 
-class Job(_Frozen):
+class Job(Frozen):
     job_id: str
     state: JobState
     version: int = 0
@@ -301,6 +110,11 @@ class Job(_Frozen):
     status_detail: Detail = Field(default="", description="last human-readable word on this job")
     objects_deleted_at: datetime | None = None
     """When the reconciler deleted the ended job's objects under its prefix (`domain.retention`)."""
+    counted: bool = False
+    """In the GPU ledger (`domain.ledger`): every job submitted since quotas exist, and older active
+    jobs once the reconciler enrolled them. Only counted jobs wait for admission or hold GPUs."""
+    admission: Admission | None = None
+    """Its share of its team's GPU quota, from admission until it ends or is preempted."""
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -420,6 +234,7 @@ class Job(_Frozen):
             history=(entry,),
             source_message_id=message_id,
             status_detail="submitted",
+            counted=True,
         )
 
     @classmethod

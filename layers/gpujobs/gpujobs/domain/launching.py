@@ -17,12 +17,14 @@ from gpujobs.domain.effects import (
     Decision,
     DeleteAlarms,
     Effect,
+    Launch,
     Outcome,
     Terminate,
     TerminateJobInstances,
     ignore,
 )
-from gpujobs.domain.job import Attempt, Job, LaunchTry, Market, cap_detail
+from gpujobs.domain.job import Admission, Attempt, Job, LaunchTry, Market, cap_detail
+from gpujobs.domain.ledger import holds, waits
 from gpujobs.domain.states import JobState, Reason
 
 LAUNCH_LEASE = timedelta(minutes=11)
@@ -66,9 +68,23 @@ def wants_idle_alarms(job: Job) -> bool:
     return job.spec is not None and job.spec.gpus_per_node > 0
 
 
-def claim_launch(job: Job, *, now: datetime, hold: str | None, lease: timedelta = LAUNCH_LEASE) -> Decision:
+def claim_launch(
+    job: Job,
+    *,
+    now: datetime,
+    hold: str | None,
+    lease: timedelta = LAUNCH_LEASE,
+    admission: Admission | None = None,
+) -> Decision:
     """Take a launch the job is due, or hold it (`hold`: the budget's reason to launch nothing), for
-    `lease` (`invocation_lease`: what the claiming invocation has left)."""
+    `lease` (`invocation_lease`: what the claiming invocation has left). A job that waits for
+    admission (`ledger.waits`) is claimed only with the `admission` it was just granted, which the
+    same write records (`domain.admission.admit_at_once`); a budget hold holds it all the same."""
+    if waits(job) and hold is None:
+        if admission is None:
+            return ignore(Outcome.NOT_ADMITTED)
+        # admitted at once, as the claim: the launch's own transition says so, no entry of its own
+        job = job.model_copy(update={"admission": admission, "hold_reason": None})
     attempt = job.current_attempt
     if job.state is JobState.QUEUED:
         if job.next_try_at and job.next_try_at > now:
@@ -103,6 +119,57 @@ def claim_launch(job: Job, *, now: datetime, hold: str | None, lease: timedelta 
         JobState.LAUNCHING, reason, now=now, next_try_at=None, hold_reason=None, stop_request=None
     )
     return Decision(Outcome.LAUNCH_CLAIMED, claimed, detail=f"attempt {fresh.number}")
+
+
+def admitted(job: Job, admission: Admission, *, now: datetime) -> Job:
+    """The waiting job with its admission (QUEUED -> QUEUED, admitted): due its launch."""
+    return job.transition(
+        JobState.QUEUED,
+        Reason.ADMITTED,
+        now=now,
+        detail=f"admitted: {admission.detail}",
+        admission=admission,
+        hold_reason=None,
+        next_try_at=None,
+    )
+
+
+def admit(job: Job, admission: Admission, *, now: datetime) -> Decision:
+    """Grant a waiting job its admission (the reconciler's plan, `domain.admission.plan`)."""
+    if not waits(job):
+        return ignore(Outcome.ALREADY_HANDLED, "no longer waits for admission")
+    granted = admitted(job, admission, now=now)
+    return Decision(Outcome.ADMITTED, granted, (Launch(job.job_id),), granted.status_detail)
+
+
+def wait_for_admission(job: Job, *, blocked: str, detail: str, now: datetime) -> Decision:
+    """Say why a job waits for admission, once per reason (the numbers are `gpujobs queue`'s, live)."""
+    if not waits(job) or (job.hold_reason or "").startswith(blocked):
+        return ignore(Outcome.NOT_ADMITTED)
+    return Decision(
+        Outcome.ADMISSION_WAITS,
+        job.transition(JobState.QUEUED, Reason.ADMISSION_WAIT, now=now, detail=detail, hold_reason=detail),
+        detail=detail,
+    )
+
+
+def requeue_preempted(job: Job, *, now: datetime, detail: str) -> Decision:
+    """A job that holds borrowed GPUs but has no gang up gives them back at once and waits again."""
+    if not holds(job) or job.state is not JobState.QUEUED:
+        return ignore(Outcome.ALREADY_HANDLED, "no longer a queued holder")
+    back = job.transition(JobState.QUEUED, Reason.PREEMPTED, now=now, detail=detail, admission=None)
+    return Decision(Outcome.PREEMPTED, back, detail=detail)
+
+
+def enroll(job: Job, *, now: datetime) -> Decision:
+    """Count a job of a release before the ledger: a job past its admission (launching, running,
+    being replaced, or queued after a launch) holds its GPUs as it does; one never launched waits."""
+    if job.counted or job.state.is_terminal or job.spec is None:
+        return ignore(Outcome.ALREADY_HANDLED)
+    launched = job.state is not JobState.QUEUED or job.attempt_count > 0
+    grandfathered = Admission(at=now, detail="held since before GPU quotas were counted") if launched else None
+    counted = job.model_copy(update={"counted": True, "admission": grandfathered, "updated_at": now})
+    return Decision(Outcome.ENROLLED, counted, detail="counted in the GPU ledger")
 
 
 def record_launch(

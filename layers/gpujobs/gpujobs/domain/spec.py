@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
-    Strict,
     StringConstraints,
     ValidationError,
     ValidationInfo,
@@ -40,8 +37,31 @@ from gpujobs.domain import documents
 from gpujobs.domain.env_secrets import env_credential_problems
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.spec_hints import argv_form, unknown_type
+from gpujobs.domain.spec_parts import (
+    Capacity,
+    CheckpointMode,
+    Deadline,
+    IdleAction,
+    IdlePolicy,
+    Priority,
+    StrictInt,
+    StrictNumber,
+)
 from gpujobs.domain.stored import is_stored_record
 from gpujobs.domain.trainer_settings import TrainerSettings
+
+__all__ = [  # the spec's parts (`spec_parts`) are imported from here too
+    "Capacity",
+    "CheckpointMode",
+    "Deadline",
+    "IdleAction",
+    "IdlePolicy",
+    "JobSpec",
+    "Priority",
+    "load_spec",
+    "parse_document",
+    "validate_spec",
+]
 
 MAX_SPEC_BYTES = 256 * 1024
 """A spec must fit in one SQS message, also in the JSON form the jobs table stores."""
@@ -64,9 +84,6 @@ REFERENCE_PATTERN = (
 )
 """A secret is a reference, never a value: a Secrets Manager ARN or `ssm:/<parameter name>`."""
 
-StrictInt = Annotated[int, Strict()]
-StrictNumber = Annotated[float, Strict(), AllowInfNan(allow_inf_nan=False)]
-"""Numbers must be numbers (YAML `yes` or JSON "2" is an error, not 1 or 2) and finite (`.inf`, `.nan` are not)."""
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Team = Annotated[str, StringConstraints(pattern=TEAM_PATTERN)]
 InstanceType = Annotated[str, StringConstraints(pattern=INSTANCE_TYPE_PATTERN)]
@@ -83,71 +100,8 @@ def _printable(text: str) -> str:
 Text = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_printable)]
 
 
-class Capacity(StrEnum):
-    """Which EC2 market a job may run on."""
-
-    SPOT = "spot"
-    ON_DEMAND = "on-demand"
-    SPOT_FIRST = "spot-first"
-
-
-class IdleAction(StrEnum):
-    STOP = "stop"
-    IGNORE = "ignore"
-
-
-class CheckpointMode(StrEnum):
-    """How a job takes part in checkpointing (docs/job-spec.md, "Any training script")."""
-
-    GPUJOBS = "gpujobs"
-    """The script uses `gpujobs_trainer`: it saves on request (SIGUSR1) and on preemption (SIGTERM)."""
-    DIRECTORY = "directory"
-    """The script saves and loads its own files under `$GPUJOBS_CHECKPOINT_DIR`; the launcher syncs
-    that folder to S3 and restores it. It never gets SIGUSR1; stops and spot warnings send SIGTERM."""
-    NONE = "none"
-    """Nothing is saved: every attempt starts from scratch. Never signalled to checkpoint."""
-
-    @property
-    def takes_checkpoint_requests(self) -> bool:
-        """Whether the workload understands "checkpoint now" (SIGUSR1) and reports its commits."""
-        return self is CheckpointMode.GPUJOBS
-
-
 S3_OBJECT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]{1,1024}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
-
-
-class IdlePolicy(BaseModel):
-    """When a job's GPUs count as idle, and what to do about it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpu_util_below_percent: StrictNumber = Field(default=5, ge=0, le=100)
-    for_minutes: StrictInt = Field(default=30, ge=5, le=1440)
-    action: IdleAction = IdleAction.STOP
-
-
-class Deadline(BaseModel):
-    """Finish by `hours` after submission, as cheaply as that allows (`domain.deadline`).
-
-    The control plane cannot see inside the training, so the spec says how much work there is:
-    `expected_hours` of uninterrupted training on the spec's instances to reach `total_steps`. Work
-    done is the newest committed checkpoint's step, the only progress a replacement can resume from.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    hours: StrictNumber = Field(gt=0, le=720, description="the deadline, in hours after submission")
-    expected_hours: StrictNumber = Field(gt=0, le=720, description="uninterrupted training time of the whole job")
-    total_steps: StrictInt = Field(ge=1, description="the step the job ends at (its checkpoints count steps)")
-
-    @model_validator(mode="after")
-    def _work_fits(self) -> Deadline:
-        if self.expected_hours > self.hours:
-            raise ValueError(
-                f"expected_hours {self.expected_hours:g} cannot fit before the deadline ({self.hours:g} h)"
-            )
-        return self
 
 
 def _name_problems(names: Iterable[str]) -> list[str]:
@@ -182,6 +136,11 @@ class JobSpec(BaseModel):
         min_length=1, max_length=16, description="ordered preference; each must be in the stack's allow-list"
     )
     capacity: Capacity = Capacity.SPOT_FIRST
+    priority: Priority = Field(
+        default=Priority.NORMAL,
+        description="low, normal or high: the order the team's waiting jobs are admitted in and what a"
+        " preemption may take (at most the team's max_priority)",
+    )
     max_interruptions: StrictInt = Field(default=5, ge=0, le=100)
     max_attempts: StrictInt = Field(default=3, ge=1, le=100)
     max_runtime_minutes: StrictInt = Field(default=1440, ge=1, le=43200)

@@ -70,6 +70,9 @@ class Reason(StrEnum):
     BUDGET_EXCEEDED = "budget-exceeded"
     MAX_RUNTIME = "max-runtime"
     MAX_COST = "max-cost"
+    ADMISSION_WAIT = "admission-wait"
+    ADMITTED = "admitted"
+    PREEMPTED = "preempted"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,16 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         Q, Q, Reason.BUDGET_HOLD, "a budget hold, or spot-only while the job may launch on-demand only; launches wait"
     ),
+    Transition(
+        Q,
+        Q,
+        Reason.ADMISSION_WAIT,
+        "its team's GPU quota, the fleet's cap or a pause has no room for it now; it waits its turn",
+    ),
+    Transition(Q, Q, Reason.ADMITTED, "its turn came and its GPUs fit: they are its until it ends or is preempted"),
+    Transition(
+        Q, Q, Reason.PREEMPTED, "its borrowed GPUs were taken back before its gang was up; it waits its turn again"
+    ),
     Transition(L, R, Reason.INSTANCES_LAUNCHED, "RunInstances returned the whole gang"),
     Transition(L, Q, Reason.NO_CAPACITY, "every rung of the capacity ladder failed; retry later"),
     Transition(L, Q, Reason.QUOTA_EXCEEDED, "an EC2 vCPU quota refused the launch (its status names it); retry later"),
@@ -103,6 +116,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         L, R, Reason.DEADLINE_MARKET, "a deadline's move found no room on its market: the moved attempt trains on"
     ),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
+    Transition(
+        R,
+        Q,
+        Reason.PREEMPTED,
+        "its borrowed GPUs were taken back (after a checkpoint, within the spot warning's 2 min); it waits again",
+    ),
+    Transition(INT, Q, Reason.PREEMPTED, "preempted while being replaced; it waits its turn again"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
     Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
     Transition(R, INT, Reason.DEADLINE_MARKET, "the deadline wants the other market; checkpoint and replace"),
@@ -205,7 +225,10 @@ def render_markdown() -> str:
 
 
 STATE_MEANINGS: dict[JobState, str] = {
-    JobState.QUEUED: "Recorded; waiting for its first launch, for capacity (with a next-try time) or for budget.",
+    JobState.QUEUED: (
+        "Recorded; waiting for admission (its team's GPU quota), for its launch, for capacity (with a"
+        " next-try time) or for budget."
+    ),
     JobState.LAUNCHING: "An attempt is being launched: RunInstances is in flight or its result not yet recorded.",
     JobState.RUNNING: "The attempt's instances exist and run the training container.",
     JobState.INTERRUPTED: "A spot interruption is under way: the old attempt checkpoints while a replacement is found.",

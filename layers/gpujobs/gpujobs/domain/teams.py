@@ -17,10 +17,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpujobs.domain.spec import INSTANCE_TYPE_PATTERN, TEAM_PATTERN, JobSpec
+from gpujobs.domain.team_quotas import (
+    QUOTA_FIELDS,
+    FleetPolicy,
+    QuotaConfigError,
+    TeamQuota,
+    parse_fleet,
+    parse_team_quota,
+)
 
 UNIQUE_ID_PATTERN = r"^(?:(?:AROA|AIDA)[A-Z0-9]{12,124}|[0-9]{12})$"
 """A role's or user's IAM unique id, or an account id (the account's root user sends as that)."""
@@ -44,6 +52,8 @@ class TeamPolicy:
     max_nodes: int = MAX_NODES
     data_buckets: tuple[str, ...] = ()
     """S3 buckets the team's jobs may read training data from."""
+    quota: TeamQuota = field(default_factory=TeamQuota)
+    """Its GPU quota, fair-share weight, borrowing and highest priority (`domain.team_quotas`)."""
 
     def admits(self, sender: str | None) -> bool:
         return sender is not None and principal_of(sender) in self.principals
@@ -60,6 +70,16 @@ class TeamPolicy:
                 )
         if spec.nodes > self.max_nodes:
             problems.append(f"nodes: {spec.nodes} is more than team {self.team!r} may use ({self.max_nodes})")
+        if spec.priority.rank > self.quota.max_priority.rank:
+            problems.append(
+                f"priority: {spec.priority.value} is above team {self.team!r}'s highest ({self.quota.max_priority.value})"
+            )
+        gpus, quota = spec.nodes * spec.gpus_per_node, self.quota.gpus
+        if quota is not None and gpus > quota and not self.quota.borrow:
+            problems.append(
+                f"gpus_per_node: {spec.nodes} node(s) x {spec.gpus_per_node} GPUs is more than team {self.team!r}'s"
+                f" quota ({quota} GPUs) and the team may not borrow: it could never start"
+            )
         return problems
 
 
@@ -74,6 +94,7 @@ class TeamDirectory:
 
     teams: Mapping[str, TeamPolicy]
     configured: bool = True
+    fleet: FleetPolicy = field(default_factory=FleetPolicy)
 
     @classmethod
     def open(cls) -> TeamDirectory:
@@ -95,6 +116,11 @@ class TeamDirectory:
         policy = self.teams.get(team)
         return policy.data_buckets if policy is not None else ()
 
+    def quota(self, team: str) -> TeamQuota:
+        """The team's quota (none for a team the configuration does not list, or without one)."""
+        policy = self.teams.get(team)
+        return policy.quota if policy is not None else TeamQuota()
+
     def may_act_for(self, team: str, sender: str | None) -> bool:
         if not self.configured:
             return True
@@ -114,14 +140,24 @@ def parse_team_config(text: str) -> TeamDirectory:
         document = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise TeamConfigError(f"team configuration: not JSON ({exc})") from exc
-    if not isinstance(document, dict) or set(document) != {"teams"} or not isinstance(document["teams"], dict):
-        raise TeamConfigError('team configuration: expected {"teams": {"<team>": {...}, ...}}')
+    if (
+        not isinstance(document, dict)
+        or "teams" not in document
+        or not set(document) <= {"teams", "fleet"}
+        or not isinstance(document["teams"], dict)
+    ):
+        raise TeamConfigError('team configuration: expected {"teams": {"<team>": {...}, ...}, "fleet": {...}}')
     if not document["teams"]:
         raise TeamConfigError("teams: at least one team is needed")
-    return TeamDirectory(teams={team: _policy(team, entry) for team, entry in document["teams"].items()})
+    try:
+        fleet = parse_fleet(document.get("fleet"))
+        teams = {team: _policy(team, entry) for team, entry in document["teams"].items()}
+    except QuotaConfigError as exc:
+        raise TeamConfigError(str(exc)) from exc
+    return TeamDirectory(teams=teams, fleet=fleet)
 
 
-_FIELDS = {"principals", "instance_types", "max_nodes", "data_buckets"}
+_FIELDS = {"principals", "instance_types", "max_nodes", "data_buckets"} | QUOTA_FIELDS
 
 
 def _policy(team: str, entry: Any) -> TeamPolicy:
@@ -157,6 +193,7 @@ def _policy(team: str, entry: Any) -> TeamPolicy:
         data_buckets=tuple(
             _strings(entry.get("data_buckets", []), f"{where}.data_buckets", BUCKET_PATTERN, "is not a bucket name")
         ),
+        quota=parse_team_quota(where, entry),
     )
 
 

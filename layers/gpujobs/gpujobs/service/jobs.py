@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,13 +27,15 @@ from gpujobs.domain.credentials import redact
 from gpujobs.domain.effects import Decision, Effect, Outcome
 from gpujobs.domain.job import Job
 from gpujobs.domain.job_ids import JOB_ID, job_id_for
-from gpujobs.domain.launching import cancel, claim_launch, invocation_lease
+from gpujobs.domain.launching import cancel, claim_launch, invocation_lease, wait_for_admission
+from gpujobs.domain.ledger import waits
 from gpujobs.domain.spec import JobSpec, parse_document, validate_spec
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState
 from gpujobs.service.changes import Actuator, Applied, WriteCounter, change, wants_launch
 from gpujobs.service.config import LaunchConfig
 from gpujobs.service.ports import (
+    AdmissionRefusedError,
     JobExistsError,
     Ports,
 )
@@ -42,6 +45,9 @@ if TYPE_CHECKING:
     from gpujobs.service.launcher import Launcher
 
 log = logging.getLogger(__name__)
+
+DIRECTORY_TTL_SECONDS = 60.0
+"""How long a container trusts the team configuration it read before reading it again."""
 
 
 class CancelRefusedError(Exception):
@@ -68,16 +74,25 @@ class JobService:
     config: LaunchConfig
     actuator: Actuator = field(init=False)
     _written: WriteCounter | None = field(init=False, default=None)
+    _directory: tuple[float, TeamDirectory] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.actuator = Actuator(self.ports)
         if self.ports.metrics is not None:
             self._written = WriteCounter(self.ports.metrics, self.ports.prices.on_demand_table)
 
-    @functools.cached_property
+    @property
     def team_directory(self) -> TeamDirectory:
-        """Loaded on first use, once per service (a Lambda container keeps one service); the team
+        """Loaded on first use and again once `DIRECTORY_TTL` old (a Lambda container keeps one
+        service), so a quota, a pause or a drain reaches every container within a minute; the team
         rules are imported then too: only a submission and a launch read them."""
+        loaded = self._directory
+        if loaded is None or time.monotonic() - loaded[0] >= DIRECTORY_TTL_SECONDS:
+            loaded = self._directory = (time.monotonic(), self.load_team_directory())
+        return loaded[1]
+
+    def load_team_directory(self) -> TeamDirectory:
+        """The team configuration as it is now (the reconciler reads it at every run)."""
         from gpujobs.domain.teams import TeamDirectory
 
         teams = self.ports.teams
@@ -180,11 +195,25 @@ class JobService:
             """Why the budget holds this job's launches (`domain.budget.launch_hold`), or None."""
             return None if job.spec is None else launch_hold(job, policy(job), now=self.ports.clock.now())
 
-        def claim(job: Job) -> Decision:
-            lease = invocation_lease(self.ports.time_left())
-            return claim_launch(job, now=self.ports.clock.now(), hold=hold(job), lease=lease)
+        from gpujobs.domain.admission import Blocked, Waiting, admit_at_once  # the launch path's, not every handler's
 
-        applied = self.change(job_id, claim)
+        def claim(job: Job) -> Decision:
+            lease, now, held = invocation_lease(self.ports.time_left()), self.ports.clock.now(), hold(job)
+            if held is not None or not waits(job):
+                return claim_launch(job, now=now, hold=held, lease=lease)
+            verdict = admit_at_once(job, self.ports.store.ledger(), self.team_directory, now)
+            if isinstance(verdict, Waiting):
+                return wait_for_admission(job, blocked=verdict.blocked.value, detail=verdict.detail, now=now)
+            return claim_launch(job, now=now, hold=None, lease=lease, admission=verdict)
+
+        try:
+            applied = self.change(job_id, claim)
+        except AdmissionRefusedError:  # the room went to another admission meanwhile: it waits its turn
+            busy = f"{Blocked.BEHIND.value}: another admission took the room first"
+            now = self.ports.clock.now()
+            applied = self.change(
+                job_id, lambda job: wait_for_admission(job, blocked=Blocked.BEHIND, detail=busy, now=now)
+            )
         owned = applied.after
         if applied.decision.outcome is not Outcome.LAUNCH_CLAIMED:  # not due, or held by the budget
             return owned

@@ -1,5 +1,7 @@
 """The ports the services depend on. Adapters implement them with boto3; fakes in memory.
 
+The job store's typed errors live in `store_errors` and are imported from here like the others.
+
 Each port raises the typed errors below, so a service can handle a lost race or a capacity
 shortage on purpose without knowing which implementation it talks to. `Ports` holds one of each:
 `runtime.bootstrap` builds the real set once per Lambda container, `gpujobs_fakes.fake_ports()` the
@@ -17,56 +19,30 @@ from typing import TYPE_CHECKING, Protocol
 
 from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
+from gpujobs.domain.ledger import Ledger
 from gpujobs.domain.states import JobState
+from gpujobs.service.store_errors import (
+    AdmissionRefusedError,
+    ConcurrentUpdateError,
+    JobExistsError,
+    JobNotFoundError,
+    JobRecordTooLargeError,
+    UnreadableJobError,
+)
+
+__all__ = [  # besides what is defined here, the job store's errors (`store_errors`)
+    "AdmissionRefusedError",
+    "ConcurrentUpdateError",
+    "JobExistsError",
+    "JobNotFoundError",
+    "JobRecordTooLargeError",
+    "UnreadableJobError",
+]
 
 if TYPE_CHECKING:
     from gpujobs.domain.job_metrics import JobMetric
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.domain.teams import TeamDirectory
-
-
-class JobNotFoundError(LookupError):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"no job {job_id}")
-        self.job_id = job_id
-
-
-class JobExistsError(Exception):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"job {job_id} already exists")
-        self.job_id = job_id
-
-
-class ConcurrentUpdateError(Exception):
-    """The job changed since it was read: the conditional write lost a race."""
-
-    def __init__(self, job_id: str, expected_version: int) -> None:
-        super().__init__(f"job {job_id} changed since version {expected_version} was read")
-        self.job_id = job_id
-        self.expected_version = expected_version
-
-
-class JobRecordTooLargeError(Exception):
-    """The job's record would pass the store's item size limit (DynamoDB: 400 KB), so the write
-    was refused. Not a race to retry: the same write fails again. Handlers count it
-    (`JobRecordsTooLarge`, alarmed) and let the event fail into its dead-letter path."""
-
-    def __init__(self, job_id: str, size: int, limit: int) -> None:
-        super().__init__(f"job {job_id}: record of {size} bytes is over the {limit}-byte item limit")
-        self.job_id = job_id
-        self.size = size
-        self.limit = limit
-
-
-class UnreadableJobError(Exception):
-    """A stored job record this release cannot read (say, a state or reason a newer release added,
-    after a rollback). Names the item's key, so that an operator can look at it; a listing that is
-    handed `on_unreadable` skips such an item rather than failing for every other job."""
-
-    def __init__(self, job_id: str, problem: str) -> None:
-        super().__init__(f"job {job_id}: record unreadable by this release: {problem}")
-        self.job_id = job_id
-        self.problem = problem
 
 
 UnreadableObserver = Callable[[UnreadableJobError], None]
@@ -84,7 +60,12 @@ class JobStore(Protocol):
 
         Raises ConcurrentUpdateError otherwise, and JobRecordTooLargeError (writing nothing) when
         the record would pass the item size limit. Instance ids of the job's attempts are indexed so
-        that find_by_instance answers without a scan."""
+        that find_by_instance answers without a scan. The GPU ledger gets the write's change
+        (`domain.ledger.change_of` against the record as read) in the same transaction; an admission
+        whose ceilings no longer hold raises AdmissionRefusedError and writes nothing."""
+
+    def ledger(self) -> Ledger:
+        """The GPU ledger's counters, read consistently (`domain.ledger`)."""
 
     def get_many(self, job_ids: Sequence[str], *, on_unreadable: UnreadableObserver | None = None) -> dict[str, Job]:
         """Consistent batch reads, by id; absent jobs left out, unreadable ones as in list_by_state."""

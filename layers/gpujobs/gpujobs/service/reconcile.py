@@ -23,8 +23,10 @@ A run works in order of what a lost minute costs most:
    state queries, so an instance that looks orphaned is terminated only if a consistent read of
    its job agrees: a live gang is never killed from a stale view. Then the security groups of jobs
    that are over and hold no instance any more (also leftovers whose job is unknown).
-4. Launch work, which may walk a capacity ladder: replacements of interrupted jobs, launches stuck
-   past their lease, then queued jobs whose next try is due, longest-waiting first. It stops while
+4. The admission round (`service.admitting`): jobs waiting for their team's GPU quota are admitted
+   in fair-share order, and borrowed GPUs wanted back are preempted after a checkpoint.
+   Then launch work, which may walk a capacity ladder: replacements of interrupted jobs, launches stuck
+   past their lease, then queued jobs whose next try is due (admitted), longest-waiting first. It stops while
    `LAUNCH_WORK_RESERVE` of the run's deadline is left; what is left over waits for the next run,
    so a crowd of queued jobs in a capacity crunch never starves the repairs above.
 5. The objects of jobs that ended `object_retention` ago (`domain.retention`), with the time left.
@@ -63,6 +65,7 @@ from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
 from gpujobs.domain.states import ACTIVE_STATES, MAX_ACTIVE_JOBS, JobState, Reason
 from gpujobs.service.jobs import JobService
+from gpujobs.service.launch_work import LaunchWork
 from gpujobs.service.ports import IdleAlarmState, Ports, TaggedInstance, UnreadableJobError
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.repairs import ReconcileReport, Repair
@@ -153,12 +156,9 @@ class Reconciler:
             self._delete_leaked_alarms(alarmed - watched, report)
         sweeps.terminate_orphans(instances, active, unreadable, now, report)
         sweeps.delete_ended_jobs_security_groups(active, unreadable, by_job, report)
-        work = _launch_work(active.values(), now)
-        for done, job in enumerate(work):
-            if near(LAUNCH_WORK_RESERVE):
-                report.count(Repair.LAUNCHES_DEFERRED_TO_THE_NEXT_RUN, len(work) - done)
-                break
-            self._guarded(job, report, lambda j: self._launch(j, report))
+        LaunchWork(self.ports, self.jobs, self.reactions).run(
+            active, now, report, out_of_time=lambda: near(LAUNCH_WORK_RESERVE), guarded=self._guarded
+        )
         sweeps.delete_ended_jobs_objects(
             now, self.object_retention, report, out_of_time=lambda: near(retention.SWEEP_RESERVE)
         )
@@ -418,32 +418,3 @@ class Reconciler:
             elif policy.mode is BudgetMode.HOLD:
                 holds.append(policy)
         return holds
-
-    # ---- launch work ------------------------------------------------------------------------------
-    def _launch(self, job: Job, report: ReconcileReport) -> None:
-        launched = self.jobs.launch(job.job_id)
-        if job.state is JobState.INTERRUPTED:
-            report.count(Repair.REPLACEMENTS_LAUNCHED)
-        elif job.state is JobState.LAUNCHING:
-            report.count(Repair.STUCK_LAUNCHES_TAKEN_OVER)
-        elif launched.state is not JobState.QUEUED or launched.version != job.version:
-            report.count(Repair.QUEUED_JOBS_RETRIED)
-
-
-def _launch_work(jobs: Iterable[Job], now: datetime) -> list[Job]:
-    """The jobs due a launch, most urgent first: replacements, stuck launches, then the queue by
-    how long each has waited (so that the jobs a short run did not reach go first next time)."""
-    replacements: list[Job] = []
-    stuck: list[Job] = []
-    queued: list[Job] = []
-    for job in jobs:
-        attempt = job.current_attempt
-        if job.state is JobState.INTERRUPTED:
-            replacements.append(job)
-        elif job.state is JobState.LAUNCHING:
-            if attempt and attempt.lease_expires_at and attempt.lease_expires_at <= now:
-                stuck.append(job)
-        elif job.state is JobState.QUEUED and (job.next_try_at is None or job.next_try_at <= now):
-            queued.append(job)
-    queued.sort(key=lambda j: j.next_try_at or j.updated_at)
-    return [*replacements, *stuck, *queued]

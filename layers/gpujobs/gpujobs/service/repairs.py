@@ -42,6 +42,13 @@ class Repair(StrEnum):
     REPLACEMENTS_LAUNCHED = "replacements launched"
     STUCK_LAUNCHES_TAKEN_OVER = "stuck launches taken over"
     QUEUED_JOBS_RETRIED = "queued jobs retried"
+    JOBS_ADMITTED = "jobs admitted"
+    """Waiting jobs the admission plan let start (`domain.admission`)."""
+    ADMISSIONS_REFUSED = "admissions refused"
+    """Admissions the ledger refused (its ceilings passed meanwhile): the plan's next run decides again."""
+    PREEMPTIONS_REQUESTED = "preemptions requested"
+    JOBS_ENROLLED = "jobs enrolled"
+    """Active jobs of a release before the GPU ledger, counted in it now."""
 
     @property
     def metric_name(self) -> str:
@@ -56,6 +63,8 @@ class ReconcileReport:
     repairs: Counter[Repair] = field(default_factory=Counter)
     jobs_by_state: Counter[str] = field(default_factory=Counter)
     """Active jobs per state, as this run read them: the dashboard's jobs-by-state gauge."""
+    team_gpus: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    """Per team, the GPUs its jobs hold (the ledger) and its quota (None: none): the dashboard's gauge."""
 
     def count(self, what: Repair, n: int = 1) -> None:
         self.repairs[what] += n
