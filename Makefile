@@ -62,6 +62,7 @@ bench: setup
 	$(BIN)/python bench/control_plane_bench.py
 	$(BIN)/python bench/checkpoint_bench.py
 	$(BIN)/python bench/reconciler_tick_bench.py
+	$(BIN)/python bench/admission_bench.py
 
 # The randomized proof at length: 10,000 sequences of the stateful test (CI runs a few hundred),
 # then the 30-day simulated soak. Hypothesis prints how many sequences passed and how long they took.

@@ -58,6 +58,7 @@ LATENCY: dict[str, dict[str, float | Callable[[Any], float]]] = {
         "create": 0.010,
         "find_by_instance": 0.010,
         "list_by_state": per(100, 0.030),
+        "ledger": 0.005,
     },
     "compute": {"list_instances": per(1000, 0.400), "find_instances": 0.150, "terminate": 0.200},
     "alarms": {"states": per(100, 0.060), "create": 0.050, "delete": 0.050},

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from gpujobs.adapters.catalog import gpu_counts
 from gpujobs.adapters.dynamodb import DynamoJobStore
@@ -33,10 +32,10 @@ from gpujobs.domain.spec import MAX_SPEC_BYTES, CheckpointMode, JobSpec, json_sc
 from gpujobs.domain.spec_errors import SpecError, printable
 from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore, UnreadableJobError
-from gpujobs_cli import code, render
+from gpujobs_cli import code, queue, render
 from gpujobs_cli.code import CodePackError
 from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_streams, failed_attempt
-from gpujobs_cli.resources import BUCKET, DASHBOARD, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
+from gpujobs_cli.resources import BUCKET, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
 from gpujobs_cli.spend import spend_of
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
@@ -189,10 +188,13 @@ def _needs_launcher(spec: JobSpec) -> bool:
 
 # ---- reading jobs -------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
-    store = _store(_discover(args, needs=(TABLE,)))
+    resources = _discover(args, needs=(TABLE,))
+    store = _store(resources)
     job = _get(store, args.job_id)
     if not args.watch:
-        print(json.dumps(_status_json(job), indent=2) if args.json else _status_page(job))
+        place = queue.place_line(resources, job)
+        page = _status_page(job) + (f"\n{place}" if place and not args.json else "")
+        print(json.dumps(_status_json(job), indent=2) if args.json else page)
         if not args.json:
             _print_failure_tail(args, job)
         return EXIT_OK
@@ -357,26 +359,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 # ---- dashboard ----------------------------------------------------------------------------
-def cmd_dashboard(args: argparse.Namespace) -> int:
-    """The stack's CloudWatch dashboard: its name from the stack output (or GPUJOBS_DASHBOARD)."""
-    resources = _discover(args, needs=(DASHBOARD,))
-    name, region = resources.values[DASHBOARD], resources.region_name
-    url = dashboard_url(name, region)
-    print(json.dumps({"dashboard": name, "region": region, "url": url}, indent=2) if args.json else url)
-    return EXIT_OK
-
-
-def dashboard_url(name: str, region: str) -> str:
-    """The console page of dashboard `name` (the console's domain differs in China and GovCloud)."""
-    if region.startswith("cn-"):
-        host = f"{region}.console.amazonaws.cn"
-    elif region.startswith("us-gov-"):
-        host = "console.amazonaws-us-gov.com"
-    else:
-        host = f"{region}.console.aws.amazon.com"
-    return f"https://{host}/cloudwatch/home?region={region}#dashboards/dashboard/{quote(name, safe='')}"
-
-
 # ---- helpers ------------------------------------------------------------------------------
 def read_source(path: str) -> tuple[str, bytes]:
     """The file's label for messages and its bytes; `-` reads standard input."""

@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, commands, doctor
+from gpujobs_cli import artifacts, commands, dashboard, doctor, queue
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -34,6 +34,8 @@ examples:
   gpujobs submit examples/digits.yaml --wait
   gpujobs list --state all --limit 20
   gpujobs status j-0123456789abcdef --watch
+  gpujobs queue --team vision
+  gpujobs quota
   gpujobs logs j-0123456789abcdef --follow
   gpujobs cancel j-0123456789abcdef
   gpujobs artifacts j-0123456789abcdef
@@ -99,6 +101,21 @@ _COMMANDS = {
         "examples:\n  gpujobs logs j-0123456789abcdef\n  gpujobs logs j-0123456789abcdef --follow\n"
         "  gpujobs logs j-0123456789abcdef --attempt 2 --node 1 --since 10m\n"
         "  gpujobs logs j-0123456789abcdef --json | jq -r .message",
+    ),
+    "queue": (
+        "show the jobs waiting for their team's GPU quota, in the order they will start",
+        "Show every job waiting for admission in the order the reconciler admits them (by team's\n"
+        "weighted share, then priority, then submission), its place in its team's queue and overall,\n"
+        "why it waits (its team's quota, the fleet's cap, a pause or a drain, with the numbers), and\n"
+        "the latest it can start if running jobs run to their max_runtime_minutes and nobody goes ahead.",
+        "examples:\n  gpujobs queue\n  gpujobs queue --team vision\n  gpujobs queue --json | jq '.[0]'",
+    ),
+    "quota": (
+        "show each team's GPUs against its quota",
+        "Show, per team, the GPUs its jobs hold (their own and borrowed from other teams' idle quota),\n"
+        "its quota, fair-share weight, whether it borrows and lends, and how many of its jobs wait;\n"
+        "then the fleet's GPUs against its cap. From the GPU ledger and the team configuration.",
+        "examples:\n  gpujobs quota\n  gpujobs quota --json | jq '.teams[] | select(.waiting > 0)'",
     ),
     "cancel": (
         "request a job's cancellation",
@@ -232,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
     made["list"].add_argument("--team", metavar="T", help="only team T's jobs")
-    for name in ("validate", "submit", "status", "list", "cancel", "logs", "dashboard", "doctor"):
+    made["queue"].add_argument("--team", metavar="T", help="only team T's waiting jobs (their places stay overall)")
+    for name in ("validate", "submit", "status", "list", "cancel", "logs", "dashboard", "doctor", "queue", "quota"):
         made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
     handlers = {
         "validate": commands.cmd_validate,
@@ -240,12 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
         "status": commands.cmd_status,
         "list": commands.cmd_list,
         "cancel": commands.cmd_cancel,
-        "dashboard": commands.cmd_dashboard,
+        "dashboard": dashboard.cmd_dashboard,
         "schema": commands.cmd_schema,
         "logs": commands.cmd_logs,
         "artifacts": artifacts.cmd_artifacts,
         "download": artifacts.cmd_download,
         "doctor": doctor.cmd_doctor,
+        "queue": queue.cmd_queue,
+        "quota": queue.cmd_quota,
     }
     for name, handler in handlers.items():
         made[name].set_defaults(handler=handler)

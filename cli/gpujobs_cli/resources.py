@@ -18,7 +18,7 @@ from typing import Any
 DEFAULT_STACK = "gpujobs"
 
 QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
-LOG_GROUP, DASHBOARD = "log_group", "dashboard"
+LOG_GROUP, DASHBOARD, TEAMS_PARAMETER = "log_group", "dashboard", "teams_parameter"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
@@ -26,6 +26,7 @@ _OUTPUT_KEYS = {
     BUCKET: "CheckpointBucketName",
     LOG_GROUP: "JobLogGroupName",
     DASHBOARD: "DashboardName",
+    TEAMS_PARAMETER: "TeamsParameterName",
 }
 _ENV_OVERRIDES = {
     QUEUE: "GPUJOBS_QUEUE_URL",
@@ -34,6 +35,7 @@ _ENV_OVERRIDES = {
     LOG_GROUP: "GPUJOBS_LOG_GROUP",
     BUCKET: "GPUJOBS_BUCKET",
     DASHBOARD: "GPUJOBS_DASHBOARD",
+    TEAMS_PARAMETER: "GPUJOBS_TEAMS_PARAMETER",
 }
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 
@@ -104,6 +106,19 @@ def discover(
             raise ConfigError(f"stack {stack!r} has no output {key}; deploy the current template or {OVERRIDE_HINT}")
         found.values[name] = outputs[key]
     return found
+
+
+def optional(resources: Resources, name: str) -> str | None:
+    """A resource the stack may not name (an older stack, or one without teams): its override, its
+    output, or None; never an error."""
+    if name in resources.values:
+        return resources.values[name] or None
+    try:
+        value = _stack_outputs(resources).get(_OUTPUT_KEYS[name])
+    except ConfigError:
+        value = None
+    resources.values[name] = value or ""
+    return value or None
 
 
 def _stack_outputs(resources: Resources) -> dict[str, str]:

@@ -24,7 +24,7 @@ from gpujobs.contract import LIVE_STATES
 from gpujobs.domain import retention
 from gpujobs.domain.job import Job
 from gpujobs.domain.ladder import PLACEMENT_GROUP_LIMIT_EXCEEDED
-from gpujobs.domain.ledger import Ledger, LedgerChange, Standing, change_of, standing_of
+from gpujobs.domain.ledger import Ledger, LedgerChange, change_of, ledgered
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
@@ -99,10 +99,10 @@ class InMemoryJobStore:
     def create(self, job: Job) -> Job:
         if job.job_id in self._jobs:
             raise JobExistsError(job.job_id)
-        stored = job.model_copy(update={"version": 1})
+        stored = ledgered(job).model_copy(update={"version": 1})
         sized_job_item(stored)
         with self._lock:
-            self._add_to_ledger(stored.job_id, change_of(Standing(), stored))
+            self._add_to_ledger(stored.job_id, change_of(job))
             self._jobs[job.job_id] = stored
             self.stream.append(None, stored)
         self.stream.written()
@@ -125,9 +125,9 @@ class InMemoryJobStore:
             current = self._jobs.get(job.job_id)
             if current is None or current.version != job.version:
                 raise ConcurrentUpdateError(job.job_id, job.version)
-            stored = job.model_copy(update={"version": job.version + 1})
+            stored = ledgered(job).model_copy(update={"version": job.version + 1})
             sized_job_item(stored)
-            self._add_to_ledger(job.job_id, change_of(standing_of(current), stored))
+            self._add_to_ledger(job.job_id, change_of(job))
             self._jobs[job.job_id] = stored
             self.stream.append(current, stored)
             attempt = job.current_attempt
@@ -198,6 +198,13 @@ class InMemoryJobStore:
     def list_ended(self, *, before: datetime, limit: int) -> list[Job]:
         """The sparse `ByEnd` index: unreadable items are skipped, as the adapter logs and skips them."""
         self.faults.check("list_ended")
+        return self._ended(lambda end: end <= before, limit)
+
+    def list_ended_after(self, after: datetime, *, limit: int) -> list[Job]:
+        """The sparse `ByEnd` index read from `after` on, oldest end first."""
+        return self._ended(lambda end: end >= after, limit)
+
+    def _ended(self, when: Callable[[datetime], bool], limit: int) -> list[Job]:
         indexed = self._jobs if self._index is None else self._index
         ended = [
             (end, job)
@@ -205,7 +212,7 @@ class InMemoryJobStore:
             if job.job_id not in self._unreadable
             and retention.objects_kept(job)
             and (end := retention.ended_at(job)) is not None
-            and end <= before
+            and when(end)
         ]
         return [job for _end, job in sorted(ended, key=lambda pair: pair[0])[:limit]]
 
@@ -220,7 +227,9 @@ class FakeInstance:
 
 @dataclass
 class FakeCompute:
-    """EC2 as the launcher sees it. `refuse` maps (instance_type, zone, market) to an error code."""
+    """EC2 as the launcher sees it. `refuse` maps (instance_type, zone, market) to an error code.
+    Listings read a snapshot of the instances, so threads racing launches and listings (the ledger's
+    race test) see one consistent set each."""
 
     subnet_list: list[Subnet] = field(
         default_factory=lambda: [Subnet("subnet-a", "us-east-1a"), Subnet("subnet-b", "us-east-1b")]
@@ -284,7 +293,7 @@ class FakeCompute:
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         return [
             f.instance
-            for f in self.instances.values()
+            for f in list(self.instances.values())
             if f.request.job_id == job_id
             and (attempt is None or f.request.attempt == attempt)
             and f.state in LIVE_STATES
@@ -309,7 +318,7 @@ class FakeCompute:
     def list_instances(self) -> list[TaggedInstance]:
         return [
             TaggedInstance(iid, f.request.job_id, f.request.attempt, f.state, f.launched_at)
-            for iid, f in self.instances.items()
+            for iid, f in list(self.instances.items())
             if f.state != "terminated"
         ]
 
@@ -317,27 +326,31 @@ class FakeCompute:
         return list(self.placement_groups.values())
 
     def delete_placement_group(self, name: str) -> bool:
-        if any(f.request.placement_group == name and f.state != "terminated" for f in self.instances.values()):
+        if any(f.request.placement_group == name and f.state != "terminated" for f in list(self.instances.values())):
             return False
         self.placement_groups.pop(name, None)
         return True
 
     def job_security_group(self, job_id: str) -> str:
-        group_id = next((g for g, j in self.security_groups.items() if j == job_id), f"sg-{job_id.removeprefix('j-')}")
+        group_id = next(
+            (g for g, j in list(self.security_groups.items()) if j == job_id), f"sg-{job_id.removeprefix('j-')}"
+        )
         self.security_groups[group_id] = job_id
         return group_id
 
     def job_security_groups(self) -> list[JobSecurityGroup]:
-        return [JobSecurityGroup(group_id=g, job_id=j) for g, j in self.security_groups.items()]
+        return [JobSecurityGroup(group_id=g, job_id=j) for g, j in list(self.security_groups.items())]
 
     def delete_security_group(self, group_id: str) -> bool:
-        if any(f.request.security_group_id == group_id and f.state != "terminated" for f in self.instances.values()):
+        if any(
+            f.request.security_group_id == group_id and f.state != "terminated" for f in list(self.instances.values())
+        ):
             return False  # EC2: DependencyViolation
         self.security_groups.pop(group_id, None)
         return True
 
     def live(self) -> list[FakeInstance]:
-        return [f for f in self.instances.values() if f.state == "running"]
+        return [f for f in list(self.instances.values()) if f.state == "running"]
 
 
 __all__ = [

@@ -148,7 +148,7 @@ class InMemoryIdleAlarms:
     def states(self) -> list[IdleAlarmState]:
         """Each alarm unevaluated, like moto's, unless a test set what CloudWatch saw (`silent`, `fed`)."""
         self.faults.check("states")
-        return [IdleAlarmState(iid, "OK", self.datapoints.get(iid)) for iid in self.alarms]
+        return [IdleAlarmState(iid, "OK", self.datapoints.get(iid)) for iid in list(self.alarms)]
 
     def silent(self, *instance_ids: str) -> None:
         """Their alarms' last evaluation saw no GPU datapoint (the CloudWatch agent is not running)."""

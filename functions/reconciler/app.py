@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from gpujobs.domain.states import ACTIVE_STATES
 from gpujobs.runtime.bootstrap import bind_context, reconciler, require_settings
-from gpujobs.runtime.observability import count_jobs_by_state, logger, metrics, tracer
+from gpujobs.runtime.observability import count_jobs_by_state, count_team_gpus, logger, metrics, tracer
 from gpujobs.runtime.settings import Need
 
 SETTINGS = require_settings(Need.LAUNCH, Need.SIGNAL)
@@ -30,6 +30,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     )
     metrics.add_metric(name="ActiveJobs", unit=MetricUnit.Count, value=result.active_jobs)
     count_jobs_by_state(result.jobs_by_state, [state.value for state in ACTIVE_STATES])
+    count_team_gpus(result.team_gpus)
     for what, count in result.repairs.items():
         metrics.add_metric(name=what.metric_name, unit=MetricUnit.Count, value=count)
     return {"active_jobs": result.active_jobs, "live_instances": result.live_instances, "repairs": repairs}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpujobs.domain.states import JobState
-from gpujobs_cli.commands import dashboard_url
+from gpujobs_cli.dashboard import dashboard_url
 from gpujobs_cli.main import main
 from gpujobs_local.template import load_template, resource
 from tests.integration.test_cli_moto import aws, create_stack
@@ -49,7 +49,8 @@ def own_metric_names(body: dict[str, object]) -> set[str]:
 def test_the_dashboard_covers_what_operators_asked_for() -> None:
     titles = [w["properties"]["title"].lower() for w in dashboard_body()["widgets"]]  # type: ignore[attr-defined]
     for topic in ("by state", "launches by pool", "capacity refusals", "interruptions", "steps lost",
-                  "warning to resumed", "idle and budget stops", "cost per team", "dead-letter", "function errors"):  # fmt: skip
+                  "warning to resumed", "idle and budget stops", "cost per team", "dead-letter", "function errors",
+                  "per team against its quota"):  # fmt: skip
         assert any(topic in title for title in titles), topic
 
 

@@ -24,7 +24,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from gpujobs.adapters.dynamodb import DynamoJobStore, schema_version_of
+from gpujobs.adapters.dynamodb import DynamoJobStore, job_of_item, schema_version_of
 from gpujobs.adapters.inbound import detail_of, envelope
 from gpujobs.adapters.inbound_reports import REPORT_MODELS
 from gpujobs.domain.effects import Outcome
@@ -193,7 +193,7 @@ def test_each_report_of_a_running_previous_release_instance_is_verified_and_acte
     world = World()
     assert world.ports.report_keys.secret == MANIFEST["stack_secret"].encode()  # type: ignore[attr-defined]
     item = record(JobState.RUNNING)
-    job = world.store.create(DynamoJobStore._from_item(item))
+    job = world.store.create(job_of_item(item))
     world.clock.current = datetime.fromisoformat(MANIFEST["signed_at"])
 
     outcomes = [delivered(world, kind) for kind in ("heartbeat", "checkpoint_committed", "job_exited")]

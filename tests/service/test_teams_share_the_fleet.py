@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from gpujobs.domain.job import Admission, Job
+from gpujobs.domain.job import Admission, Job, Ledgered
 from gpujobs.domain.ledger import truth
 from gpujobs.domain.reports import CheckpointReport, ExitReport
 from gpujobs.domain.states import JobState, Reason
@@ -189,7 +189,7 @@ def test_a_job_of_a_release_before_the_ledger_is_counted_by_the_reconciler_as_it
     with_teams(world, {"vision": {"gpus": 8}})
     running = submit(world, "vision", 1)
     stored = world.store.get(running.job_id)
-    legacy = stored.model_copy(update={"counted": False, "admission": None})
+    legacy = stored.model_copy(update={"counted": False, "admission": None, "ledgered": Ledgered()})
     world.store._jobs[running.job_id] = legacy  # as the previous release left it: not in the ledger
     world.store._ledger.clear()
 
@@ -199,4 +199,36 @@ def test_a_job_of_a_release_before_the_ledger_is_counted_by_the_reconciler_as_it
     assert enrolled.counted
     assert enrolled.admission == Admission(at=enrolled.admission.at, detail="held since before GPU quotas were counted")  # type: ignore[union-attr]
     assert world.store.ledger().team("vision") == 4
+    assert ledger_is_exact(world)
+
+
+def test_a_family_the_team_has_filled_is_skipped_by_the_launch(world: World) -> None:
+    with_teams(world, {"vision": {"gpus": 16, "gpus_by_family": {"p4d": 4}}})
+    first = submit(world, "vision", 1, instance_types=["p4d.24xlarge", "g5.xlarge"])
+    second = submit(world, "vision", 2, instance_types=["p4d.24xlarge", "g5.xlarge"])
+    only_p4d = submit(world, "vision", 3, instance_types=["p4d.24xlarge"])
+
+    assert world.store.get(first.job_id).current_attempt.instance_type == "p4d.24xlarge"  # type: ignore[union-attr]
+    assert world.store.get(second.job_id).current_attempt.instance_type == "g5.xlarge"  # type: ignore[union-attr]
+    waiting = world.store.get(only_p4d.job_id)
+    assert waiting.state is JobState.QUEUED
+    assert "holds all the GPUs its quota allows in p4d" in waiting.status_detail
+    assert world.store.ledger().get("gpus/vision/p4d") == 4
+    assert ledger_is_exact(world)
+
+
+def test_a_job_an_older_release_ended_is_taken_off_the_ledger_by_the_reconciler(world: World) -> None:
+    """During an upgrade (or a rollback) the previous release still writes jobs: it carries `ledgered`
+    as it found it and adds nothing to the ledger. The reconciler sets such a record right."""
+    with_teams(world, {"vision": {"gpus": 8}})
+    job = submit(world, "vision", 1)
+    stored = world.store.get(job.job_id)
+    ended = stored.transition(JobState.CANCELLED, Reason.USER_CANCELLED, now=world.clock.now())
+    world.store._jobs[job.job_id] = ended.model_copy(update={"version": stored.version + 1})  # the old release's write
+    assert world.store.ledger().team("vision") == 4
+    assert not ledger_is_exact(world)
+
+    world.reconciler.run()
+
+    assert world.store.ledger().team("vision") == 0
     assert ledger_is_exact(world)

@@ -202,6 +202,20 @@ def test_a_lenders_own_job_goes_before_a_borrowers_whatever_their_shares() -> No
     assert decided.waiting[borrower.job_id].blocked is Blocked.FLEET_CAP
 
 
+def test_a_borrower_borrows_only_other_teams_idle_quota_never_its_own() -> None:
+    """Found by the randomized proof: a team's own idle quota counted in the pool it borrows from let a
+    job that needs 2 of a 1-GPU quota start with nothing lent, and the next tick preempted it again."""
+    lenders = [running(1, "ml", gpus=1), running(2, "ml", gpus=1), running(3, "ml", gpus=1)]
+    asks_two = job(4, "default", gpus=2)
+    teams = directory({"default": {"gpus": 1, "borrow": True}, "ml": {"gpus": 3}})
+
+    decided = plan([asks_two], lenders, truth([*lenders, asks_two]), teams, NOW)
+
+    assert decided.admit == ()
+    assert decided.waiting[asks_two.job_id].blocked is Blocked.POOL
+    assert decided.preempt == ()
+
+
 def test_a_team_that_may_not_borrow_waits_whatever_lies_idle() -> None:
     mine = [running(1, "speech")]
     extra = job(2, "speech")

@@ -8,7 +8,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from gpujobs.adapters.dynamodb import DynamoJobStore, job_item
+from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job
 from gpujobs.domain.spec import validate_spec
 from gpujobs.service.ports import ConcurrentUpdateError
@@ -35,8 +35,6 @@ def test_a_cancelled_transaction_is_a_lost_race_only_for_conflicts(codes: list[s
     client = boto3.client("dynamodb", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     store = DynamoJobStore(table_name="jobs", client=client)
     with Stubber(client) as stub:
-        # the store did not read this record itself: it reads it once to know what it stood for in the ledger
-        stub.add_response("get_item", {"Item": job_item(a_job())})
         stub.add_client_error(
             "transact_write_items",
             service_error_code="TransactionCanceledException",

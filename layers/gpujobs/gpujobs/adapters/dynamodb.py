@@ -9,8 +9,8 @@ item) surfaces as ConcurrentUpdateError instead of a silent overwrite or a crash
 
 The GPU ledger (`domain.ledger`) is one more item, `LEDGER`/`GPUS`, of number attributes that are only
 ever added to: a write that changes what a job holds or whether it waits carries that change to the
-ledger in its own transaction (`change_of` between the record as this store read it and the record
-written; a record not read here is read again first), with an admission's ceilings as conditions.
+ledger in its own transaction (`change_of`: what the record stands for less what it says the ledger
+counts for it), with an admission's ceilings as conditions.
 
 The record itself is the `doc` attribute, JSON, read and written as `domain.records` says: a newer
 release's fields are kept on write-back, and every write stamps `schema_version`. An item this release
@@ -24,7 +24,6 @@ before it writes and refuses an oversized one with JobRecordTooLargeError, as do
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from pydantic import ValidationError
 from gpujobs.adapters.item_size import MAX_ITEM_BYTES, item_size
 from gpujobs.domain import retention
 from gpujobs.domain.job import Job
-from gpujobs.domain.ledger import Ledger, LedgerChange, Standing, change_of, standing_of
+from gpujobs.domain.ledger import Ledger, LedgerChange, change_of, ledgered
 from gpujobs.domain.records import RECORD_SCHEMA_VERSION, read_record, record_json
 from gpujobs.domain.states import JobState
 from gpujobs.service.ports import (
@@ -68,8 +67,6 @@ BATCH_GET_KEYS = 100
 BATCH_GET_ROUNDS = 4
 """Calls beyond one per 100 keys for the keys DynamoDB left unprocessed, before they are read one by one."""
 LEDGER_KEY: dict[str, dict[str, str]] = {"pk": {"S": "LEDGER"}, "sk": {"S": "GPUS"}}
-STANDINGS_KEPT = 50_000
-"""Records read recently whose ledger standing is remembered (a save of one needs no second read)."""
 
 
 def job_pk(job_id: str) -> str:
@@ -86,12 +83,11 @@ class DynamoJobStore:
         self._table = table_name
         self._ddb = client
         self._on_too_large = on_too_large
-        self._standings: OrderedDict[tuple[str, int], Standing] = OrderedDict()
 
     # ---- writes -------------------------------------------------------------------------
     def create(self, job: Job) -> Job:
-        stored = job.model_copy(update={"version": 1})
-        change = change_of(Standing(), stored)
+        stored = ledgered(job).model_copy(update={"version": 1})
+        change = change_of(job)
         put: TransactWriteItemTypeDef = {
             "Put": {
                 "TableName": self._table,
@@ -116,11 +112,11 @@ class DynamoJobStore:
         except self._ddb.exceptions.ClientError as exc:
             self._raise_if_refused_for_size(exc, stored)
             raise
-        return self._remember(stored)
+        return stored
 
     def save(self, job: Job) -> Job:
-        stored = job.model_copy(update={"version": job.version + 1})
-        change = change_of(self._standing_as_read(job), stored)
+        stored = ledgered(job).model_copy(update={"version": job.version + 1})
+        change = change_of(job)
         writes: list[TransactWriteItemTypeDef] = [
             {
                 "Put": {
@@ -157,7 +153,7 @@ class DynamoJobStore:
         except self._ddb.exceptions.ClientError as exc:
             self._raise_if_refused_for_size(exc, stored)
             raise
-        return self._remember(stored)
+        return stored
 
     def _ledger_write(self, change: LedgerChange) -> TransactWriteItemTypeDef:
         """Add the change's counts to the ledger item, if its ceilings hold (one transaction item)."""
@@ -192,28 +188,6 @@ class DynamoJobStore:
         if conditions:
             update["Update"]["ConditionExpression"] = " AND ".join(conditions)
         return update
-
-    def _standing_as_read(self, job: Job) -> Standing:
-        """What the record `job` was read as stood for in the ledger: remembered from the read, or
-        read again (a record that changed since fails the write's own version condition anyway)."""
-        known = self._standings.get((job.job_id, job.version))
-        if known is not None:
-            return known
-        item = self._ddb.get_item(
-            TableName=self._table, Key={"pk": {"S": job_pk(job.job_id)}, "sk": {"S": JOB_SK}}, ConsistentRead=True
-        ).get("Item")
-        if item is None:
-            raise ConcurrentUpdateError(job.job_id, job.version)
-        current = job_of_item(item)
-        if current.version != job.version:
-            raise ConcurrentUpdateError(job.job_id, job.version)
-        return standing_of(current)
-
-    def _remember(self, job: Job) -> Job:
-        self._standings[(job.job_id, job.version)] = standing_of(job)
-        while len(self._standings) > STANDINGS_KEPT:
-            self._standings.popitem(last=False)
-        return job
 
     def ledger(self) -> Ledger:
         item = self._ddb.get_item(TableName=self._table, Key=dict(LEDGER_KEY), ConsistentRead=True).get("Item") or {}
@@ -292,11 +266,18 @@ class DynamoJobStore:
         return self._query(kwargs, limit, on_unreadable)
 
     def list_ended(self, *, before: datetime, limit: int) -> list[Job]:
+        return self._ended("ended_at <= :t", before, limit)
+
+    def list_ended_after(self, after: datetime, *, limit: int) -> list[Job]:
+        return self._ended("ended_at >= :t", after, limit)
+
+    def _ended(self, condition: str, moment: datetime, limit: int) -> list[Job]:
+        """The sparse `ByEnd` index, oldest end first; an unreadable record is logged and skipped."""
         kwargs: QueryInputTypeDef = {
             "TableName": self._table,
             "IndexName": "ByEnd",
-            "KeyConditionExpression": "objects_kept = :k AND ended_at <= :b",
-            "ExpressionAttributeValues": {":k": {"S": OBJECTS_KEPT}, ":b": {"S": before.isoformat()}},
+            "KeyConditionExpression": f"objects_kept = :k AND {condition}",
+            "ExpressionAttributeValues": {":k": {"S": OBJECTS_KEPT}, ":t": {"S": moment.isoformat()}},
             "ScanIndexForward": True,
         }
 
@@ -353,8 +334,9 @@ class DynamoJobStore:
             "attempt": {"N": str(attempt)},
         }
 
-    def _from_item(self, item: Item) -> Job:
-        return self._remember(job_of_item(item))
+    @staticmethod
+    def _from_item(item: Item) -> Job:
+        return job_of_item(item)
 
 
 def job_of_item(item: Item) -> Job:

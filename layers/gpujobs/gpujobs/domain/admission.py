@@ -122,12 +122,13 @@ class _Room:
     def own(self, team: str) -> int:
         return self.used.get(team, 0) - self.borrowed.get(team, 0)
 
-    def pool(self) -> int:
-        """Idle quota of the lenders, less what is lent out."""
+    def pool(self, *, excluding: str | None = None) -> int:
+        """Idle quota of the lenders, less what is lent out; `excluding` a borrower, whose own idle
+        quota is its own, not something it borrows."""
         idle = sum(
             max(0, q.gpus - self.own(t))
             for t, q in ((t, self.quota(t)) for t in set(self.used) | set(self.directory.teams))
-            if q.lend and q.gpus is not None
+            if q.lend and q.gpus is not None and t != excluding
         )
         return idle - sum(self.borrowed.values())
 
@@ -149,7 +150,7 @@ class _Room:
         if not quota.borrow:
             return 0, Blocked.TEAM_QUOTA
         needed = self.own(team) + gpus - quota.gpus
-        if needed > max(0, self.pool()):
+        if needed > max(0, self.pool(excluding=team)):
             return 0, Blocked.POOL
         return needed, None
 
@@ -185,7 +186,8 @@ class _Room:
         if blocked is Blocked.FLEET_CAP:
             return f"{blocked.value}: {self.fleet} of {cap} GPU(s) held, it asks {gpus_of(job)}"
         if blocked is Blocked.POOL:
-            return f"{blocked.value}: {team} holds {self.used.get(team, 0)} (quota {quota.gpus}), the pool has {max(0, self.pool())}"
+            pool = max(0, self.pool(excluding=team))
+            return f"{blocked.value}: {team} holds {self.used.get(team, 0)} (quota {quota.gpus}), the pool has {pool}"
         return blocked.value
 
 
@@ -300,7 +302,8 @@ def victims(
     if pool_blocked is not None:
         rank = pool_blocked.require_spec().priority.rank
         quota = room.quota(pool_blocked.team).gpus or 0
-        need = room.own(pool_blocked.team) + gpus_of(pool_blocked) - quota - max(0, room.pool()) - freeing_pool
+        pool = max(0, room.pool(excluding=pool_blocked.team))
+        need = room.own(pool_blocked.team) + gpus_of(pool_blocked) - quota - pool - freeing_pool
         need -= sum(_borrowed(j) for j in chosen)
         take(need, _borrowed, lambda j: j.require_spec().priority.rank < rank)
     return tuple(j.job_id for j in chosen)

@@ -109,6 +109,7 @@ class Outcome(StrEnum):
     ADMISSION_WAITS = "waits for admission"
     PREEMPTED = "preempted: waits its turn again"
     ENROLLED = "counted in the GPU ledger"
+    LEDGER_SETTLED = "counted again: an older release's write changed it"
     LAUNCHED = "instances launched"
     LAUNCH_ENDED = "launch ended"
     LAUNCH_PAUSED = "launch paused at the invocation's deadline"

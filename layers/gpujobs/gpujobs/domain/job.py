@@ -30,7 +30,7 @@ from gpujobs.domain.attempts import (
 )
 from gpujobs.domain.spec import JobSpec
 from gpujobs.domain.states import JobState, Reason, check_transition
-from gpujobs.domain.values import MAX_DETAIL_CHARS, Admission, Detail, Frozen, Market, cap_detail
+from gpujobs.domain.values import MAX_DETAIL_CHARS, Admission, Detail, Frozen, Ledgered, Market, cap_detail
 
 __all__ = [
     "BOOT_ALLOWANCE",
@@ -43,6 +43,7 @@ __all__ = [
     "HistoryEntry",
     "Job",
     "LaunchTry",
+    "Ledgered",
     "Market",
     "PoolUsage",
     "RetiredAttempts",
@@ -115,6 +116,8 @@ class Job(Frozen):
     jobs once the reconciler enrolled them. Only counted jobs wait for admission or hold GPUs."""
     admission: Admission | None = None
     """Its share of its team's GPU quota, from admission until it ends or is preempted."""
+    ledgered: Ledgered = Field(default_factory=Ledgered)
+    """What the GPU ledger counts for this record as last written (`domain.ledger.change_of`)."""
 
     # ---- queries -------------------------------------------------------------------------
     @property

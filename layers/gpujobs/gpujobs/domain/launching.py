@@ -24,7 +24,7 @@ from gpujobs.domain.effects import (
     ignore,
 )
 from gpujobs.domain.job import Admission, Attempt, Job, LaunchTry, Market, cap_detail
-from gpujobs.domain.ledger import holds, waits
+from gpujobs.domain.ledger import holds, off_the_ledger, waits
 from gpujobs.domain.states import JobState, Reason
 
 LAUNCH_LEASE = timedelta(minutes=11)
@@ -170,6 +170,13 @@ def enroll(job: Job, *, now: datetime) -> Decision:
     grandfathered = Admission(at=now, detail="held since before GPU quotas were counted") if launched else None
     counted = job.model_copy(update={"counted": True, "admission": grandfathered, "updated_at": now})
     return Decision(Outcome.ENROLLED, counted, detail="counted in the GPU ledger")
+
+
+def settle_ledger(job: Job) -> Decision:
+    """Write the record as it is, so that the ledger counts what it stands for (`ledger.off_the_ledger`)."""
+    if not off_the_ledger(job):
+        return ignore(Outcome.ALREADY_HANDLED)
+    return Decision(Outcome.LEDGER_SETTLED, job, detail="counted in the GPU ledger again")
 
 
 def record_launch(

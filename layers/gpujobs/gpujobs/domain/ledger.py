@@ -5,9 +5,11 @@ One item of the jobs table holds counters: GPUs held by the fleet (`gpus`), by e
 instance family it has gangs up in (`gpus/<team>/<family>`), and jobs waiting for admission
 (`waiting`, `waiting/<team>`). They are never set, only added to: every write of a job carries the
 difference between what the job held before and after it (`change_of`), in the same transaction as
-the job's own conditional write. So a write that loses its race adds nothing, a write retried on a
-fresh record adds what that record's change is, and the counters equal the sum over the records
-(`truth`) after every write, whatever raced. An admission adds with ceilings: the transaction fails
+the job's own conditional write. Each record says what the ledger counts for it (`Job.ledgered`,
+written with it), so a write's change is what the record stands for now less that: a write that
+loses its race adds nothing, one retried on a fresh record adds that record's change, one after a
+write of an older release (which carried `ledgered` as it was) sets it right, and the counters
+equal the sum over the records (`truth`) after every write, whatever raced. An admission adds with ceilings: the transaction fails
 unless the team's and the fleet's GPUs in use were at most the ceilings the admission was decided
 on (its quota less its own GPUs), so two admissions racing for the last GPUs cannot both pass.
 
@@ -21,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpujobs.domain.job import Job
+from gpujobs.domain.job import Job, Ledgered
 from gpujobs.domain.states import JobState
 
 FLEET_GPUS = "gpus"
@@ -86,19 +88,6 @@ def counters_of(job: Job | None) -> Counter[str]:
 
 
 @dataclass(frozen=True)
-class Standing:
-    """What one record stands for in the ledger: its counters, and whether it holds an admission
-    (a CPU job holds one worth no GPUs)."""
-
-    counters: Mapping[str, int] = field(default_factory=dict)
-    holds: bool = False
-
-
-def standing_of(job: Job | None) -> Standing:
-    return Standing() if job is None else Standing(counters_of(job), holds(job))
-
-
-@dataclass(frozen=True)
 class LedgerChange:
     """What one job write adds to the ledger, and the ceilings its admission was decided under."""
 
@@ -110,19 +99,32 @@ class LedgerChange:
         return bool(self.adds) or bool(self.ceilings)
 
 
-def change_of(before: Standing, after: Job) -> LedgerChange:
-    """The ledger's part of writing `after` over a record that stood for `before` (a new job: `Standing()`)."""
-    was, now = before.counters, counters_of(after)
+def change_of(job: Job) -> LedgerChange:
+    """The ledger's part of writing `job`: what it stands for now, less what the ledger counts for
+    it (`Job.ledgered`, as its last write left it; nothing for a new job)."""
+    was, now = job.ledgered.counters, counters_of(job)
     names = sorted(set(was) | set(now))
     adds = {name: now.get(name, 0) - was.get(name, 0) for name in names if now.get(name, 0) != was.get(name, 0)}
     ceilings: dict[str, int] = {}
-    admission = after.admission
-    if admission is not None and holds(after) and not before.holds:
+    admission = job.admission
+    if admission is not None and holds(job) and not job.ledgered.holds:
         if admission.team_ceiling is not None:
-            ceilings[team_gpus(after.team)] = admission.team_ceiling
+            ceilings[team_gpus(job.team)] = admission.team_ceiling
         if admission.fleet_ceiling is not None:
             ceilings[FLEET_GPUS] = admission.fleet_ceiling
     return LedgerChange(adds, ceilings)
+
+
+def off_the_ledger(job: Job) -> bool:
+    """What the ledger counts for the record is not what it stands for: a write of an older release
+    (which carried `ledgered` as it was) changed it; the next write of this one sets it right."""
+    return job.counted and (dict(job.ledgered.counters) != dict(counters_of(job)) or job.ledgered.holds != holds(job))
+
+
+def ledgered(job: Job) -> Job:
+    """`job` as it is written: saying what the ledger counts for it from this write on."""
+    standing = Ledgered(counters=dict(counters_of(job)), holds=holds(job))
+    return job if job.ledgered == standing else job.model_copy(update={"ledgered": standing})
 
 
 @dataclass(frozen=True)

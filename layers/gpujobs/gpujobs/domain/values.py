@@ -44,3 +44,14 @@ class Admission(Frozen):
     """... and the stack's GPUs in use at most this (None: no fleet cap)."""
     detail: str = ""
     """Why it was admitted (its team's use and quota then)."""
+
+
+class Ledgered(Frozen):
+    """What the GPU ledger counts for a record (`domain.ledger`), written with every write of it:
+    the next write adds the difference between this and what the record then stands for. A record
+    an older release wrote (carrying this verbatim while changing what it holds) is set right by
+    the next write of this one."""
+
+    counters: dict[str, int] = {}
+    holds: bool = False
+    """It held an admission (a CPU job holds one worth no GPUs)."""

@@ -154,6 +154,22 @@ class EmfMetrics:
                     one.add_dimension(name=name, value=value)
 
 
+TEAM_GPUS_METRIC = "TeamGpus"
+TEAM_QUOTA_METRIC = "TeamGpuQuota"
+
+
+def count_team_gpus(teams: Mapping[str, tuple[int, int | None]]) -> None:
+    """The reconciler's per-team gauge: GPUs its jobs hold (the ledger) and its quota, if it has one."""
+    if is_metrics_disabled():
+        return
+    for team, (held, quota) in teams.items():
+        for name, value in ((TEAM_GPUS_METRIC, held), (TEAM_QUOTA_METRIC, quota)):
+            if value is None:
+                continue
+            with single_metric(name=name, unit=MetricUnit.Count, value=value) as one:
+                one.add_dimension(name="Team", value=team)
+
+
 JOBS_IN_STATE_METRIC = "JobsInState"
 
 

@@ -18,14 +18,14 @@ import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gpujobs.domain.admission import plan
 from gpujobs.domain.budget import BudgetPolicy, launch_hold
 from gpujobs.domain.effects import Decision, Outcome
 from gpujobs.domain.job import Admission, Job
-from gpujobs.domain.launching import admit, enroll, requeue_preempted
-from gpujobs.domain.ledger import holds, waits
+from gpujobs.domain.launching import admit, enroll, requeue_preempted, settle_ledger
+from gpujobs.domain.ledger import holds, off_the_ledger, waits
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.service.jobs import JobService
 from gpujobs.service.ports import AdmissionRefusedError, Ports
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 ENROLLED_PER_RUN = 500
 """Jobs of an older release counted in the ledger per run: an upgrade's backlog takes a few ticks."""
+SETTLED_AFTER_END = timedelta(hours=1)
+"""How long after their end the jobs an older release ended are looked at again."""
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Admitting:
     def run(self, active: Mapping[str, Job], now: datetime, report: ReconcileReport) -> set[str]:
         """One admission round; returns the ids of the jobs it admitted (the launch work's to launch)."""
         enrolled = self._enroll(active, now, report)
-        jobs = {**active, **enrolled}
+        jobs = {**active, **enrolled, **self._settle_ledger(active, now, report)}
         directory = self.jobs.load_team_directory()
         ledger = self.ports.store.ledger()
         waiting = [job for job in jobs.values() if waits(job) and self._launchable(job, now)]
@@ -78,6 +80,29 @@ class Admitting:
         if policy is None:
             policy = self._policies[job.team] = self.ports.budgets.policy_for(job.team)
         return launch_hold(job, policy, now=now) is None
+
+    def _settle_ledger(self, active: Mapping[str, Job], now: datetime, report: ReconcileReport) -> dict[str, Job]:
+        """Records an older release wrote while both ran (an upgrade, a rollback): the active ones the
+        run listed, and the ones that ended in the last `SETTLED_AFTER_END` (no later write comes to them)."""
+        drifted = [j for j in active.values() if off_the_ledger(j)]
+        drifted += [
+            j
+            for j in self.ports.store.list_ended_after(now - SETTLED_AFTER_END, limit=ENROLLED_PER_RUN)
+            if off_the_ledger(j)
+        ]
+        settled: dict[str, Job] = {}
+        for job in drifted[:ENROLLED_PER_RUN]:
+            try:
+                applied = self.jobs.change(job.job_id, settle_ledger)
+            except Exception:
+                log.exception("could not count %s in the GPU ledger again", job.job_id)
+                report.count(Repair.ERRORS)
+                continue
+            if applied.decision.outcome is Outcome.LEDGER_SETTLED:
+                if not applied.after.state.is_terminal:
+                    settled[job.job_id] = applied.after
+                report.count(Repair.LEDGER_SETTLED)
+        return settled
 
     def _enroll(self, active: Mapping[str, Job], now: datetime, report: ReconcileReport) -> dict[str, Job]:
         enrolled: dict[str, Job] = {}

@@ -34,6 +34,7 @@ from gpujobs.domain.ladder import (
     plan_ladder,
 )
 from gpujobs.domain.launching import Gang, end_launch, invocation_lease, pause_launch, record_launch
+from gpujobs.domain.ledger import family_gpus, family_of, gpus_of
 from gpujobs.domain.quotas import QuotaRefusal, is_quota_refusal, quota_detail, quota_refused_pools, refused_by_quota
 from gpujobs.domain.rundoc import RunDocumentPointer, run_document
 from gpujobs.domain.states import JobState, Reason
@@ -127,6 +128,13 @@ class Launcher:
             spot_only=spot_only,
             deadline=markets,
         )
+        full = self._families_full(job)
+        if full and ladder:
+            kept = [rung for rung in ladder if family_of(rung.instance_type) not in full]
+            if not kept:
+                detail = f"team {job.team} holds all the GPUs its quota allows in {', '.join(sorted(full))}"
+                return self._end_launch(job, list(attempt.tries), JobState.QUEUED, Reason.NO_CAPACITY, detail)
+            ladder = kept
         user_data = self._user_data(job, attempt)
         security_group = self.ports.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
@@ -175,6 +183,14 @@ class Launcher:
             detail = quota_detail(self._with_values(quotas), others=f"no capacity ({summary})" if summary else "")
             return self._end_launch(job, tries, JobState.QUEUED, Reason.QUOTA_EXCEEDED, detail)
         return self._end_launch(job, tries, JobState.QUEUED, Reason.NO_CAPACITY, f"no capacity ({summary})")
+
+    def _families_full(self, job: Job) -> set[str]:
+        """The instance families the team has filled its `gpus_by_family` limit in (the ledger as read now)."""
+        limits = self.jobs.team_directory.quota(job.team).gpus_by_family
+        if not limits:
+            return set()
+        ledger, gpus = self.ports.store.ledger(), gpus_of(job)
+        return {family for family, limit in limits.items() if ledger.get(family_gpus(job.team, family)) + gpus > limit}
 
     def _out_of_time(self) -> bool:
         left = self.ports.time_left()

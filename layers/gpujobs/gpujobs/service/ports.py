@@ -61,7 +61,7 @@ class JobStore(Protocol):
         Raises ConcurrentUpdateError otherwise, and JobRecordTooLargeError (writing nothing) when
         the record would pass the item size limit. Instance ids of the job's attempts are indexed so
         that find_by_instance answers without a scan. The GPU ledger gets the write's change
-        (`domain.ledger.change_of` against the record as read) in the same transaction; an admission
+        (`domain.ledger.change_of`: what the record stands for less what it says the ledger counts) in the same transaction; an admission
         whose ceilings no longer hold raises AdmissionRefusedError and writes nothing."""
 
     def ledger(self) -> Ledger:
@@ -85,6 +85,9 @@ class JobStore(Protocol):
 
     def list_ended(self, *, before: datetime, limit: int) -> list[Job]:
         """Ended jobs whose objects are kept (`domain.retention`), ended at or before `before`, oldest end first."""
+
+    def list_ended_after(self, after: datetime, *, limit: int) -> list[Job]:
+        """Ended jobs whose objects are kept, ended at or after `after`, oldest end first."""
 
 
 # ---- compute ------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ class Repair(StrEnum):
     PREEMPTIONS_REQUESTED = "preemptions requested"
     JOBS_ENROLLED = "jobs enrolled"
     """Active jobs of a release before the GPU ledger, counted in it now."""
+    LEDGER_SETTLED = "ledger settled"
+    """Jobs an older release changed (during an upgrade or a rollback) whose ledger count was set right."""
 
     @property
     def metric_name(self) -> str:
