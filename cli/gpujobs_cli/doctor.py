@@ -70,6 +70,8 @@ class Doctor:
         self.region = region
         self.parameters: dict[str, str] = {}
         self.outputs: dict[str, str] = {}
+        self.gpus_quotas_allow: int | None = None
+        """GPUs of the allowed types the EC2 vCPU quotas read by `ec2_quotas` let the account run."""
 
     def run(self) -> list[Finding]:
         try:
@@ -82,6 +84,7 @@ class Doctor:
         for check in (
             self.lambda_concurrency,
             self.ec2_quotas,
+            self.fleet_cap,
             self.ebs_key,
             self.network,
             self.spot_role,
@@ -118,6 +121,10 @@ class Doctor:
             return [Finding("ec2 quotas", UNKNOWN, "the stack has no AllowedInstanceTypes parameter")]
         described = self.clients("ec2").describe_instance_types(InstanceTypes=types)["InstanceTypes"]
         vcpus = {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in described}
+        gpus = {
+            t["InstanceType"]: sum(g.get("Count", 0) for g in t.get("GpuInfo", {}).get("Gpus", [])) for t in described
+        }
+        allowed = 0
         findings = []
         quotas = self.clients("service-quotas")
         for (family, market), (code, name) in QUOTAS.items():
@@ -131,13 +138,38 @@ class Doctor:
             except Exception as exc:
                 findings.append(Finding(f"quota {code}", UNKNOWN, f"{name}: could not read: {_error(exc)}"))
                 continue
+            dense = [t for t in members if gpus.get(t)]
+            if dense:  # the most GPUs this quota's vCPUs can hold: in the type with the fewest vCPUs per GPU
+                best = min(dense, key=lambda t: vcpus[t] / gpus[t])
+                allowed += int(value // vcpus[best]) * gpus[best]
             detail = f"{name} ({market}): {value:g} vCPUs; one {biggest} needs {need}"
             if value < need:
                 fix = f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} --desired-value {need}"
                 findings.append(Finding(f"quota {code}", FAIL, detail, fix))
             else:
                 findings.append(Finding(f"quota {code}", OK, detail))
+        self.gpus_quotas_allow = allowed
         return findings
+
+    def fleet_cap(self) -> list[Finding]:
+        """The team configuration's fleet cap against what the EC2 vCPU quotas allow: above them, jobs
+        wait for EC2's quota refusals (in no order) rather than in gpujobs' queue (in fair-share order)."""
+        allowed = self.gpus_quotas_allow
+        if allowed is None:
+            return [Finding("fleet cap", UNKNOWN, "the EC2 vCPU quotas could not be read")]
+        name = self.parameters.get("TeamsParameterName", "")
+        cap = None
+        if name:
+            from gpujobs.domain.teams import parse_team_config
+
+            cap = parse_team_config(self.clients("ssm").get_parameter(Name=name)["Parameter"]["Value"]).fleet.max_gpus
+        quotas = f"the EC2 vCPU quotas allow about {allowed} GPUs of the allowed types (on-demand and spot)"
+        fix = f'set "fleet": {{"max_gpus": {allowed}}} in the team configuration (docs/deploy.md, Quotas)'
+        if cap is None:
+            return [Finding("fleet cap", WARN, f"no fleet cap; {quotas}: jobs past them wait for EC2 refusals", fix)]
+        if cap > allowed:
+            return [Finding("fleet cap", WARN, f"fleet.max_gpus {cap} is above the {allowed} GPUs the quotas allow", fix)]
+        return [Finding("fleet cap", OK, f"fleet.max_gpus {cap}; {quotas}")]
 
     def ebs_key(self) -> list[Finding]:
         ec2 = self.clients("ec2")

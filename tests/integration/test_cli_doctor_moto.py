@@ -249,3 +249,26 @@ def test_a_missing_stack_is_one_failure_that_names_it(capsys: pytest.CaptureFixt
 
 def test_the_doctor_wants_the_endpoints_the_deploy_guide_lists() -> None:
     assert set(REQUIRED_ENDPOINTS) == set(_documented_endpoints())
+
+
+@pytest.mark.usefixtures("aws")
+def test_the_fleet_cap_is_judged_against_the_gpus_the_vcpu_quotas_allow() -> None:
+    """FULL_QUOTAS: G 64 vCPUs on-demand and spot (16 g5.xlarge GPUs each), P 96 (8 p4d GPUs each): 48."""
+    Account()
+    found = _doctor(ThreeAnswers(concurrency=1000, quotas=FULL_QUOTAS, default_key_manager="AWS"))
+    (uncapped,) = found["fleet cap"]
+    assert uncapped.status == WARN
+    assert "allow about 48 GPUs" in uncapped.detail
+    assert '"max_gpus": 48' in uncapped.fix
+
+    ssm = boto3.client("ssm", region_name=REGION)
+    for cap, status in ((64, WARN), (40, OK)):
+        config = {"teams": {"vision": {"principals": ["AROAEXAMPLEID1234567"]}}, "fleet": {"max_gpus": cap}}
+        ssm.put_parameter(Name="/platform/teams", Value=json.dumps(config), Type="String", Overwrite=True)
+        doctor = Doctor(
+            ThreeAnswers(concurrency=1000, quotas=FULL_QUOTAS, default_key_manager="AWS"), stack=STACK, region=REGION
+        )
+        doctor.parameters = {"TeamsParameterName": "/platform/teams"}
+        doctor.gpus_quotas_allow = 48
+        (judged,) = doctor.fleet_cap()
+        assert judged.status == status, judged
