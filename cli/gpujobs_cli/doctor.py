@@ -168,7 +168,9 @@ class Doctor:
         if cap is None:
             return [Finding("fleet cap", WARN, f"no fleet cap; {quotas}: jobs past them wait for EC2 refusals", fix)]
         if cap > allowed:
-            return [Finding("fleet cap", WARN, f"fleet.max_gpus {cap} is above the {allowed} GPUs the quotas allow", fix)]
+            return [
+                Finding("fleet cap", WARN, f"fleet.max_gpus {cap} is above the {allowed} GPUs the quotas allow", fix)
+            ]
         return [Finding("fleet cap", OK, f"fleet.max_gpus {cap}; {quotas}")]
 
     def ebs_key(self) -> list[Finding]:

@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, commands, dashboard, doctor, queue
+from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, queue
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -42,6 +42,7 @@ examples:
   gpujobs download j-0123456789abcdef ./results
   gpujobs dashboard
   gpujobs doctor
+  gpujobs bake 123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1 --write-parameter
 
 The stack's queue and table come from the CloudFormation stack's outputs (--stack, GPUJOBS_STACK),
 or from GPUJOBS_QUEUE_URL and GPUJOBS_TABLE. AWS_ENDPOINT_URL points every AWS call elsewhere.
@@ -62,11 +63,13 @@ _COMMANDS = {
     "validate": (
         "check job specs offline",
         "Validate JSON or YAML job specs with the control plane's own rules, and the instance types\n"
-        "against the packaged catalog (known types, their GPU counts); no AWS call is made.\n"
-        "Prints 'ok: NAME' ('FILE: ok: NAME' for several files), or one line per problem\n"
+        "against the packaged catalog of EC2's types (known types, their GPU counts and, when a region\n"
+        "is given or set in AWS_REGION/AWS_DEFAULT_REGION, whether a zone there offers each); no AWS\n"
+        "call is made. Prints 'ok: NAME' ('FILE: ok: NAME' for several files), or one line per problem\n"
         "('FILE: field: rule'); exits 1 when any spec is invalid.",
         "examples:\n  gpujobs validate examples/digits.yaml\n  gpujobs validate examples/*.yaml examples/*.json --json\n"
-        "  gpujobs validate job.json --allowed-instance-types g5.xlarge,g6.xlarge\n  cat job.yaml | gpujobs validate -",
+        "  gpujobs validate job.json --allowed-instance-types g5.xlarge,g6.xlarge\n  gpujobs validate job.yaml --region us-west-2\n"
+        "  cat job.yaml | gpujobs validate -",
     ),
     "submit": (
         "validate a job spec and send it to the queue",
@@ -156,6 +159,7 @@ _COMMANDS = {
         "examples:\n  gpujobs doctor\n  gpujobs doctor --stack gpujobs-staging --region eu-west-1\n"
         "  gpujobs doctor --json | jq '.[] | select(.status != \"ok\")'",
     ),
+    "bake": (bake.SUMMARY, bake.DESCRIPTION, bake.EPILOG),
     "schema": (
         "print the job spec's JSON Schema",
         "Print the JSON Schema generated from the job spec model (for editors and CI checks).",
@@ -234,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("status", "cancel", "logs"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
     _add_logs_arguments(made["logs"])
+    bake.add_arguments(made["bake"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     for name in ("artifacts", "download"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
@@ -264,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "artifacts": artifacts.cmd_artifacts,
         "download": artifacts.cmd_download,
         "doctor": doctor.cmd_doctor,
+        "bake": bake.cmd_bake,
         "queue": queue.cmd_queue,
         "quota": queue.cmd_quota,
     }

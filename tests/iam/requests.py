@@ -528,3 +528,10 @@ def _describe_budget(params: dict[str, Any], _facts: dict[str, Any], region: str
 @builds("ecr", "GetAuthorizationToken")
 def _ecr_token(params: dict[str, Any], _facts: dict[str, Any], region: str, _: Context) -> list[Request]:
     return [Request("ecr:GetAuthorizationToken", "*")]
+
+
+@builds("ecr", "BatchGetImage")
+def _ecr_image(params: dict[str, Any], _facts: dict[str, Any], region: str, _: Context) -> list[Request]:
+    """The repository the request names, in the client's region (the registry's: the bootstrap asks there)."""
+    registry = params.get("registryId", ACCOUNT)
+    return [Request("ecr:BatchGetImage", f"arn:aws:ecr:{region}:{registry}:repository/{params['repositoryName']}")]

@@ -150,9 +150,13 @@ def _run_bootstrap(stack: MotoStack, instance_id: str, tmp_path: Path, monkeypat
 
 
 def _pull_an_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The docker runtime's login and pull (a docker that only says yes): its ECR call is the bootstrap's."""
+    """The docker runtime's check of a tag the host holds (a baked AMI: the registry is asked what the
+    tag names), then its login and pull (a docker that says yes to the rest): its ECR calls are the bootstrap's."""
+    held = json.dumps([f"{DLC_IMAGE.rsplit(':', 1)[0]}@sha256:{'0' * 64}"])
     docker = tmp_path / "docker"
-    docker.write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.read()\n")
+    docker.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.stdin.read()\nif sys.argv[1:3] == ['image', 'inspect']: print({held!r})\n"
+    )
     docker.chmod(0o755)
     doc = {"image": DLC_IMAGE, "region": REGION, "gpus_per_node": 0}
     job_region = boto3.client("ecr", region_name=REGION)  # the bootstrap's clients; the image is another region's
@@ -270,6 +274,7 @@ def test_the_flows_reach_every_role_the_stack_defines_and_the_calls_the_issue_na
         r.action for c in flows if c.principal in ("InstanceRole", "JobRole") for r, _, _ in judged(c)
     }
     assert ("CredentialsFunction", "sts", "AssumeRole") in made
+    assert {("InstanceRole", "ecr", "BatchGetImage"), ("InstanceRole", "ecr", "GetAuthorizationToken")} <= made
     assert ("PublisherFunction", "events", "PutEvents") in made
     assert {("ReconcilerFunction", "s3", "ListObjectsV2"), ("ReconcilerFunction", "s3", "DeleteObjects")} <= made
 

@@ -19,6 +19,8 @@ import pytest
 from gpujobs.instance import aws, rundoc, runtimes
 
 FAKE_DOCKER = """import json, os, sys
+if sys.argv[1:3] == ["image", "inspect"]:
+    sys.exit("Error: No such image")  # not on the host: it is pulled
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "stdin": sys.stdin.read() if sys.argv[1] == "login" else ""}) + "\\n")
 """

@@ -684,6 +684,8 @@ def test_a_document_cannot_wait_for_its_own_or_a_later_attempt() -> None:
 
 FAKE_DOCKER = """import json, os, sys
 argv = sys.argv[1:]
+if sys.argv[1:3] == ["image", "inspect"]:
+    sys.exit("Error: No such image")  # not on the host: it is pulled
 env_file = argv[argv.index("--env-file") + 1] if "--env-file" in argv else ""
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
     log.write(json.dumps({"argv": argv, "stdin": sys.stdin.read() if argv[0] == "login" else "",

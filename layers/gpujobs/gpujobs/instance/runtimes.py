@@ -1,6 +1,7 @@
 """The container runtimes: how the workload is started, waited for and stopped.
 
-`docker` runs on EC2 (ECR login with the password on stdin, pull, `docker run`); `process` runs the
+`docker` runs on EC2 (ECR login with the password on stdin, pull, `docker run`; no login and no pull
+when the image is on the host, provably the one asked for: a baked AMI, `images.py`); `process` runs the
 command as a local process (the local cloud, tests), directly or through an engine called as
 `docker run` is (`ENGINE IMAGE COMMAND...`). Both start from an argv list, never a shell, so no job
 string is parsed by a shell. `docker run` gets the workload's whole environment (the job's env and
@@ -38,9 +39,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import IO, Any
 
-from gpujobs.instance import aws, confinement
+from gpujobs.instance import aws, confinement, images
 from gpujobs.instance.aws import Clients
 from gpujobs.instance.cloudwatch_logs import LogShipper, pump
 from gpujobs.instance.contract import WORKLOAD_UID, container_name
@@ -54,6 +56,16 @@ HOST_DATA_DIR = "/var/lib/gpujobs"
 OUTPUTS_IN_CONTAINER = "/var/lib/gpujobs/outputs"
 CHECKPOINTS_IN_CONTAINER = "/var/lib/gpujobs/checkpoints"
 """The training image's GPUJOBS_LOCAL_CHECKPOINT_DIR: docker mounts the host's staging folder there."""
+
+
+def _registry_client(ecr: re.Match[str], clients: Clients) -> Any:
+    """An ECR client in the registry's own region: its tokens and answers come from there (the Deep
+    Learning Containers' account 763104351884 has a registry per region), not where the job runs."""
+    registry_region = ecr.group(2)
+    ecr_client = clients("ecr")
+    if getattr(getattr(ecr_client, "meta", None), "region_name", registry_region) != registry_region:
+        ecr_client = aws.client("ecr", registry_region)
+    return ecr_client
 
 
 class Runtime:
@@ -196,7 +208,8 @@ class ProcessRuntime(Runtime):
 
 
 class DockerRuntime(Runtime):
-    """`docker run` on EC2: ECR login (password on stdin), pull, GPU metrics agent, run, stop."""
+    """`docker run` on EC2: ECR login (password on stdin) and pull unless the image is on the host
+    (`images.py`), GPU metrics agent, run, stop."""
 
     def __init__(self, docker: str = "docker") -> None:
         super().__init__()
@@ -246,17 +259,53 @@ class DockerRuntime(Runtime):
         refuse_line_breaks({**doc.get("env", {}), **doc.get("trainer_env", {})})
         image = doc["image"]
         ecr = _ECR_IMAGE.match(image)
+        present, why = self._verified_copy(image, ecr, clients)
+        if present:
+            log(f"image present, pull skipped: {image} ({why})")
+            return
         if ecr:
-            # A registry's token comes from the registry's own region (the Deep Learning Containers'
-            # account 763104351884 has one per region): ask there, not where the job runs.
-            registry_region = ecr.group(2)
-            ecr_client = clients("ecr")
-            if getattr(getattr(ecr_client, "meta", None), "region_name", registry_region) != registry_region:
-                ecr_client = aws.client("ecr", registry_region)
-            auth = ecr_client.get_authorization_token(registryIds=[ecr.group(1)])["authorizationData"][0]
-            password = base64.b64decode(auth["authorizationToken"]).decode().partition(":")[2]
+            auth = _registry_client(ecr, clients).get_authorization_token(registryIds=[ecr.group(1)])
+            password = base64.b64decode(auth["authorizationData"][0]["authorizationToken"]).decode().partition(":")[2]
             self._docker("login", "--username", "AWS", "--password-stdin", ecr.group(0), stdin=password)
+        log(f"pulling {image}: {why}")
+        started = time.monotonic()
         self._docker("pull", image)
+        log(f"pulled {image} in {time.monotonic() - started:.1f}s")
+
+    def _verified_copy(self, image: str, ecr: re.Match[str] | None, clients: Clients) -> tuple[bool, str]:
+        """(True, why) when this host holds `image`, provably the one asked for (`images.py` says
+        when); else (False, why it is pulled)."""
+        ref = images.parse(image)
+        if ref is None:
+            return False, "not a plain image reference, so not checked on this host"
+        try:
+            local = self._docker_output("image", "inspect", "--format", images.INSPECT_DIGESTS, ref.local)
+        except BootstrapError:
+            return False, "not on this host"
+        if ref.digest:
+            return True, f"pinned by digest {ref.digest}"
+        held = images.repo_digests(local, ref.name)
+        if not held:
+            return False, "the copy on this host has no registry digest to compare"
+        if not ecr:
+            return False, "a tag outside ECR is not checked against its registry"
+        from botocore.exceptions import BotoCoreError, ClientError  # boto3 is there once an ECR client is
+
+        try:
+            answer = _registry_client(ecr, clients).batch_get_image(
+                registryId=ecr.group(1),
+                repositoryName=ref.repository,
+                imageIds=[{"imageTag": ref.tag or "latest"}],
+                acceptedMediaTypes=images.MANIFEST_TYPES,
+            )
+        except (BotoCoreError, ClientError) as exc:
+            return False, f"cannot ask the registry what the tag names ({exc})"
+        named = images.registry_digests(answer)
+        if named & held:
+            return True, f"the registry's tag names {min(named & held)}, as on this host"
+        if not named:
+            return False, "the registry has no image under this tag"
+        return False, f"stale: the registry's tag names {min(named)}, this host has {', '.join(sorted(held))}"
 
     def outputs_folder(self) -> tuple[str, str]:
         """Owned by the image's user (WORKLOAD_UID), bind-mounted at OUTPUTS_IN_CONTAINER."""
