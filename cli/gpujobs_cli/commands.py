@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpujobs.adapters.catalog import gpu_counts
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job
 from gpujobs.domain.job_ids import job_id_for
@@ -34,6 +33,7 @@ from gpujobs.domain.states import ACTIVE_STATES, JobState
 from gpujobs.service.ports import JobNotFoundError, JobStore, UnreadableJobError
 from gpujobs_cli import code, queue, render
 from gpujobs_cli.code import CodePackError
+from gpujobs_cli.instance_types import TypeChecks, type_checks
 from gpujobs_cli.logs import JobLogs, NoLogError, choose_attempt, choose_streams, failed_attempt
 from gpujobs_cli.resources import BUCKET, LOG_GROUP, QUEUE, TABLE, ConfigError, Resources, discover
 from gpujobs_cli.spend import spend_of
@@ -60,7 +60,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.files.count("-") > 1:
         raise CommandError("standard input ('-') can be named only once")
     sources = [read_source(path) for path in args.files]
-    results = [_validate_one(label, text, args.allowed_instance_types) for label, text in sources]
+    checks = type_checks(args.region)
+    results = [_validate_one(label, text, args.allowed_instance_types, checks) for label, text in sources]
     failed = sum(1 for r in results if not r["ok"])
     if args.json:
         print(json.dumps(results, indent=2))
@@ -76,11 +77,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _validate_one(label: str, text: bytes, allowed_instance_types: Sequence[str] | None) -> dict[str, Any]:
+def _validate_one(
+    label: str, text: bytes, allowed_instance_types: Sequence[str] | None, checks: TypeChecks
+) -> dict[str, Any]:
     try:
-        spec = load_spec(
-            text, allowed_instance_types=allowed_instance_types, instance_gpus=gpu_counts(), local_code=True
-        )
+        spec = load_spec(text, allowed_instance_types=allowed_instance_types, local_code=True, **checks)
     except SpecError as exc:
         return {"file": label, "ok": False, "name": None, "problems": exc.problems}
     return {"file": label, "ok": True, "name": spec.name, "problems": []}
@@ -96,7 +97,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     label, text = read_source(args.file)
     try:
         spec = load_spec(
-            text, allowed_instance_types=args.allowed_instance_types, instance_gpus=gpu_counts(), local_code=True
+            text, allowed_instance_types=args.allowed_instance_types, local_code=True, **type_checks(args.region)
         )
         if args.client_token and spec.client_token and args.client_token != spec.client_token:
             raise CommandError(
@@ -106,7 +107,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         document["client_token"] = spec.client_token or args.client_token or uuid.uuid4().hex
         packed = _pack_local_code(label, spec.code)
         spec = validate_spec(
-            document, allowed_instance_types=args.allowed_instance_types, instance_gpus=gpu_counts(), local_code=True
+            document, allowed_instance_types=args.allowed_instance_types, local_code=True, **type_checks(args.region)
         )
     except (SpecError, CodePackError) as exc:
         for problem in exc.problems if isinstance(exc, SpecError) else [str(exc)]:
@@ -124,7 +125,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         document.update(code=uri, code_sha256=packed.sha256)
         print(f"packed {packed.files} file(s) of code ({len(packed.data)} bytes) to {uri}", file=sys.stderr)
     try:
-        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types, instance_gpus=gpu_counts())
+        spec = validate_spec(document, allowed_instance_types=args.allowed_instance_types, **type_checks(args.region))
         body = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         if len(body.encode()) > MAX_SPEC_BYTES:
             raise SpecError([f"(spec): {len(body.encode())} bytes as JSON, more than one SQS message allows"])

@@ -3,10 +3,11 @@
 Computed from the job record alone (instance-seconds per pool, `domain.cost`) and the packaged
 catalog of instance types (`adapters.catalog`): no AWS call, so `status` and `list` stay one table
 read. The record holds no prices, so the figure is exact only as far as the list price is: an
-on-demand attempt of a catalogued type is priced at its us-east-1 list price. A spot attempt is
+on-demand attempt of a priced type is priced at its us-east-1 list price. A spot attempt is
 priced at the on-demand price too (an upper bound; the spot price actually paid is not recorded),
-and a type missing from the catalog at the highest known price of its family (`price_erring_high`);
-either makes the figure an estimate, shown with `~`. The cost caps err the same way.
+and a type missing from the price table at the highest known price of its family, scaled up by
+how much more it holds (`price_erring_high` over the catalog's sizes); either makes the figure an
+estimate, shown with `~`. The cost caps err high too.
 
 GPU-hours are shown for ended jobs only: paid counts every GPU of every instance held; useful
 counts the time whose work was kept (to each attempt's last committed checkpoint, or to its end
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from gpujobs.adapters.catalog import gpu_counts, on_demand_prices
+from gpujobs.adapters.catalog import gpu_counts, instance_sizes, on_demand_prices
 from gpujobs.domain.cost import BilledPool, UnpricedError, billed_pools, cost_of, gpu_hours_of, price_erring_high
 from gpujobs.domain.job import Job, Market
 
@@ -43,7 +44,7 @@ def spend_of(job: Job, now: datetime) -> Spend:
     estimated = False
     for pool in billed_pools(job):
         try:
-            prices[pool] = price_erring_high(pool.instance_type, known)
+            prices[pool] = price_erring_high(pool.instance_type, known, sizes=instance_sizes())
         except UnpricedError:
             prices[pool] = None
         estimated = estimated or pool.market is Market.SPOT or pool.instance_type not in known

@@ -2,13 +2,17 @@
 
 Stories: a missing type counts at the highest known price of its family, else at the highest known
 price of all; with nothing known at all there is no guess; and a spec whose `max_cost_usd` covers
-a type without a known price is refused with a reason naming the field.
+a type without a known price is refused with a reason naming the field. With the catalog's sizes,
+a known price is scaled up by how much more the missing type holds, so a bigger size or a newer
+family (p6-b200, p5en) is not counted at a smaller type's price: taking out any priced type, the
+estimate for it from the others is never below its real price.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from gpujobs.adapters.catalog import instance_sizes, on_demand_prices
 from gpujobs.domain.cost import UnpricedError, price_erring_high
 from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.spec_errors import SpecError
@@ -56,3 +60,32 @@ def test_a_spec_without_a_cost_cap_or_with_priced_types_is_accepted() -> None:
 
     assert uncapped.max_cost_usd is None
     assert capped.max_cost_usd == 5
+
+
+def test_a_bigger_size_of_a_family_priced_only_small_counts_as_bigger() -> None:
+    known = on_demand_prices()
+
+    plain = price_erring_high("g6e.12xlarge", known)
+    scaled = price_erring_high("g6e.12xlarge", known, sizes=instance_sizes())
+
+    assert plain == known["g6e.xlarge"]  # the family's only price: a twelfth of the vCPUs and memory
+    assert scaled == pytest.approx(12 * known["g6e.xlarge"])
+
+
+def test_a_new_family_counts_at_least_as_the_dearest_type_scaled_by_what_it_holds_more() -> None:
+    known, sizes = on_demand_prices(), instance_sizes()
+
+    b200 = price_erring_high("p6-b200.48xlarge", known, sizes=sizes)
+    p5en = price_erring_high("p5en.48xlarge", known, sizes=sizes)
+
+    assert price_erring_high("p6-b200.48xlarge", known) == known["p5.48xlarge"]  # unscaled: the dearest type
+    assert b200 >= known["p5.48xlarge"] * sizes["p6-b200.48xlarge"].gpu_memory_mib / sizes["p5.48xlarge"].gpu_memory_mib
+    assert p5en > known["p5.48xlarge"]
+
+
+@pytest.mark.parametrize("instance_type", sorted(on_demand_prices()))
+def test_a_priced_type_taken_out_is_estimated_at_no_less_than_its_price(instance_type: str) -> None:
+    known = on_demand_prices()
+    others = {name: price for name, price in known.items() if name != instance_type}
+
+    assert price_erring_high(instance_type, others, sizes=instance_sizes()) >= known[instance_type]

@@ -3,8 +3,10 @@
 Stories, per type of the packaged catalog: a multi-node p4d.24xlarge gang launches with an EFA
 interface on each of its 4 network cards, a p5.48xlarge gang on each of its 32; card 0 device 0 is
 the primary interface and every other card's EFA sits at device index 1; a single node, or a type
-without EFA, keeps the one plain interface it always had, without a public IP. The run document
-names the types that launch with EFA and those whose NVMe instance store stages checkpoints.
+without EFA, keeps the one plain interface it always had, without a public IP. A type whose cards
+do not all take EFA (p6-b300.48xlarge: card 0 is ENA only) keeps the plain interface too, rather
+than a layout EC2 would refuse. The run document names the types that launch with EFA and those
+whose NVMe instance store stages checkpoints.
 """
 
 from __future__ import annotations
@@ -23,18 +25,31 @@ from gpujobs.domain.spec import validate_spec
 from gpujobs.service.ports import LaunchRequest, Subnet
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-EFA_CARDS = {"p4d.24xlarge": 4, "p5.48xlarge": 32, "g5.48xlarge": 1, "g5.12xlarge": 1, "g6.12xlarge": 1}
+EFA_CARDS = {
+    "p4d.24xlarge": 4,
+    "p4de.24xlarge": 4,
+    "p5.48xlarge": 32,
+    "p5e.48xlarge": 32,
+    "p5en.48xlarge": 16,
+    "p6-b200.48xlarge": 8,
+    "g5.48xlarge": 1,
+    "g5.12xlarge": 1,
+    "g6.12xlarge": 1,
+    "g6e.48xlarge": 4,
+}
 
 
-def test_the_hardware_table_names_exactly_the_types_the_price_table_does() -> None:
+def test_the_hardware_table_names_every_catalogued_type() -> None:
     assert set(packaged_hardware()) == set(packaged_catalog())
 
 
 @pytest.mark.parametrize("instance_type", sorted(packaged_catalog()))
 def test_a_multi_node_gang_gets_one_efa_per_network_card_of_its_type(instance_type: str) -> None:
+    facts = packaged_catalog()[instance_type]
     count = efa_interfaces(packaged_hardware(), instance_type=instance_type, nodes=2)
 
-    assert count == EFA_CARDS.get(instance_type, 0)
+    assert count == EFA_CARDS.get(instance_type, count)
+    assert count == (facts.network_cards if facts.efa_interfaces == facts.network_cards else 0)
     layout = network_interfaces(count)
     if count == 0:
         assert layout == (NetworkInterface(0, 0, InterfaceType.PLAIN),)
@@ -50,7 +65,14 @@ def test_a_single_node_talks_over_nvlink_and_launches_with_the_plain_interface(i
 
 
 def test_a_type_the_table_does_not_know_launches_as_before() -> None:
-    assert efa_interfaces(packaged_hardware(), instance_type="p6-b200.48xlarge", nodes=4) == 0
+    assert efa_interfaces(packaged_hardware(), instance_type="p7.48xlarge", nodes=4) == 0
+
+
+def test_a_type_whose_first_card_takes_no_efa_launches_with_the_plain_interface() -> None:
+    facts = packaged_catalog()["p6-b300.48xlarge"]
+
+    assert (facts.efa_interfaces, facts.network_cards) == (16, 17)  # EC2: card 0 ENA only, EFA on 1-16
+    assert efa_interfaces(packaged_hardware(), instance_type="p6-b300.48xlarge", nodes=4) == 0
 
 
 def a_request(instance_type: str, efa: int) -> LaunchRequest:

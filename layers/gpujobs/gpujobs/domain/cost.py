@@ -6,7 +6,13 @@ each pool up once.
 
 A cap must err high, never low: a type missing from the price table (a new size, a table not yet
 refreshed) counts at the highest known price of its family, else at the highest known price of
-all (`price_erring_high`), never at $0, which would let the job run forever under its cap.
+all (`price_erring_high`), never at $0, which would let the job run forever under its cap. Given
+the catalog's sizes, each known price is first scaled up by how many times the missing type holds
+what the known type holds (vCPUs, memory, GPUs or GPU memory, whichever is most): the highest
+known price alone errs low for a bigger size of a family priced only in a small one (g6e.12xlarge
+holds 12 times the vCPUs of g6e.xlarge) and for a newer family (p6-b200.48xlarge holds 2.2 times
+the GPU memory of p5.48xlarge, the dearest type priced). The scaled answer is an upper estimate,
+at times well above the real price; a cap over an unpriced type is refused at submit anyway.
 """
 
 from __future__ import annotations
@@ -73,16 +79,43 @@ def instance_family(instance_type: str) -> str:
     return instance_type.partition(".")[0]
 
 
-def price_erring_high(instance_type: str, known: Mapping[str, float]) -> float:
+@dataclass(frozen=True)
+class InstanceSize:
+    """What an instance type holds, as far as its price grows with it (the catalog's facts)."""
+
+    vcpus: int
+    memory_mib: int
+    gpus: int = 0
+    gpu_memory_mib: int = 0
+
+    def times(self, other: InstanceSize) -> float:
+        """How many times `other` this holds, in whatever it holds most of relative to `other` (at least 1)."""
+        pairs = (
+            (self.vcpus, other.vcpus),
+            (self.memory_mib, other.memory_mib),
+            (self.gpus, other.gpus),
+            (self.gpu_memory_mib, other.gpu_memory_mib),
+        )
+        return max([1.0, *(mine / theirs for mine, theirs in pairs if theirs > 0)])
+
+
+def price_erring_high(
+    instance_type: str, known: Mapping[str, float], *, sizes: Mapping[str, InstanceSize] | None = None
+) -> float:
     """The known price of the type; for a type missing from `known`, the highest known price of its
-    family, else the highest known price of all. UnpricedError when `known` is empty."""
+    family, else the highest known price of all, each scaled up by `InstanceSize.times` where `sizes`
+    describes both types. UnpricedError when `known` is empty."""
     if instance_type in known:
         return known[instance_type]
     family = instance_family(instance_type)
-    kin = [price for name, price in known.items() if instance_family(name) == family]
-    if kin or known:
-        return max(kin or known.values())
-    raise UnpricedError(f"no price is known for {instance_type}, nor for any other type")
+    kin = {name: price for name, price in known.items() if instance_family(name) == family} or known
+    if not kin:
+        raise UnpricedError(f"no price is known for {instance_type}, nor for any other type")
+    sizes = sizes or {}
+    size = sizes.get(instance_type)
+    if size is None:
+        return max(kin.values())
+    return max(price * (size.times(sizes[name]) if name in sizes else 1.0) for name, price in kin.items())
 
 
 def _pool_of(attempt: Attempt) -> BilledPool | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -49,6 +49,9 @@ from gpujobs.domain.spec_parts import (
 )
 from gpujobs.domain.stored import is_stored_record
 from gpujobs.domain.trainer_settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from gpujobs.domain.offerings import RegionOfferings
 
 __all__ = [  # the spec's parts (`spec_parts`) are imported from here too
     "Capacity",
@@ -262,15 +265,20 @@ class JobSpec(BaseModel):
     @field_validator("instance_types")
     @classmethod
     def _known_types(cls, types: list[str], info: ValidationInfo) -> list[str]:
-        """Offline knowledge of the types (`instance_gpus` in the context: type -> GPUs per instance)."""
-        gpus: Mapping[str, int] | None = (info.context or {}).get("instance_gpus")
-        if gpus is None:
-            return types
-        bad = [unknown_type(t, gpus) for t in types if t not in gpus]
+        """Offline knowledge of the types (`instance_gpus` in the context: type -> GPUs per instance;
+        with a `region`, `instance_offerings`: where each is offered, `domain.offerings`)."""
+        context = info.context or {}
+        gpus: Mapping[str, int] = context.get("instance_gpus") or {}
+        bad = [unknown_type(t, gpus) for t in types if gpus and t not in gpus]
         wanted = info.data.get("gpus_per_node")
         short = [f"{t} has {gpus[t]}" for t in types if t in gpus and isinstance(wanted, int) and gpus[t] < wanted]
         if short:
             bad.append(f"gpus_per_node is {wanted}, but {', '.join(short)}")
+        if context.get("region"):  # the CLI's offline check; the Lambdas never load `offerings` for it
+            from gpujobs.domain.offerings import not_offered_in_region
+
+            offerings, region = context["instance_offerings"], context["region"]
+            bad += [m for t in types if (m := not_offered_in_region(offerings, instance_type=t, region=region))]
         if bad:
             raise ValueError("; ".join(bad))
         return types
@@ -364,13 +372,17 @@ def validate_spec(
     allowed_instance_types: Iterable[str] | None = None,
     priced_instance_types: Iterable[str] | None = None,
     instance_gpus: Mapping[str, int] | None = None,
+    offered_in: tuple[str, RegionOfferings] | None = None,
     local_code: bool = False,
 ) -> JobSpec:
     """Validate a parsed document against the spec and, when given, the stack's allow-list, the
-    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced)
-    and the GPUs of each known type (an unknown type, or fewer GPUs than `gpus_per_node`, is refused).
+    types whose price is known (a `max_cost_usd` over a type of unknown price cannot be enforced),
+    the GPUs of each known type (an unknown type, or fewer GPUs than `gpus_per_node`, is refused)
+    and `offered_in`, a region and where each type is offered (a type no zone there offers is refused).
     `local_code`: `code` may name a local folder (a file `gpujobs submit` packs), not only S3."""
     context: dict[str, object] = {"local_code": local_code}
+    if offered_in is not None:
+        context["region"], context["instance_offerings"] = offered_in
     if allowed_instance_types is not None:
         context["allowed_instance_types"] = frozenset(allowed_instance_types)
     if priced_instance_types is not None:
@@ -392,12 +404,14 @@ def load_spec(
     *,
     allowed_instance_types: Iterable[str] | None = None,
     instance_gpus: Mapping[str, int] | None = None,
+    offered_in: tuple[str, RegionOfferings] | None = None,
     local_code: bool = False,
 ) -> JobSpec:
     return validate_spec(
         parse_document(text),
         allowed_instance_types=allowed_instance_types,
         instance_gpus=instance_gpus,
+        offered_in=offered_in,
         local_code=local_code,
     )
 
