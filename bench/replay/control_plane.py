@@ -90,8 +90,8 @@ class Run:
 class ControlPlaneReplay:
     """The control plane wired to the fakes, EC2 following `traces`, and the workload on top."""
 
-    def __init__(self, traces: TraceSet, params: Params) -> None:
-        self.traces, self.params = traces, params
+    def __init__(self, traces: TraceSet, params: Params, *, capacity: str = "spot-first") -> None:
+        self.traces, self.params, self.capacity = traces, params, capacity
         self.pools = {f"subnet-{i:02d}": pool for i, pool in enumerate(traces.pools)}
         subnets = [Subnet(subnet_id, pool.name) for subnet_id, pool in self.pools.items()]
         self.stack = Stack.wire(params, clock=FixedClock(START), subnets=subnets, refuse=self._refuse_without_room)
@@ -116,7 +116,9 @@ class ControlPlaneReplay:
 
     def replay(self) -> Result:
         """Submit the job at the trace's start and play events until it ends or the trace does."""
-        outcome = self.stack.service.handle_message(json.dumps(spec_for(self.params)), message_id="goodput-bench")
+        outcome = self.stack.service.handle_message(
+            json.dumps(spec_for(self.params, capacity=self.capacity)), message_id="goodput-bench"
+        )
         if outcome.job.state is JobState.REJECTED:
             raise ReplayError(f"the control plane rejected the job: {'; '.join(outcome.job.problems)}")
         self.job_id = outcome.job.job_id
@@ -305,9 +307,19 @@ class ControlPlaneReplay:
         self.ledger.lose(trained - useful)
         self.ledger.interruptions = self.job.interruptions
         return self.ledger.result(
-            folder=str(self.traces.folder), strategy="gpujobs", done_at=self.done_at if done else None, useful_s=useful
+            folder=str(self.traces.folder),
+            strategy="gpujobs" if self.capacity == "spot-first" else f"gpujobs ({self.capacity})",
+            done_at=self.done_at if done else None,
+            useful_s=useful,
         )
 
 
 def gpujobs(traces: TraceSet, params: Params) -> Result:
+    """The job as most users submit it: `capacity: spot-first` (the spec's default)."""
     return ControlPlaneReplay(traces, params).replay()
+
+
+def gpujobs_spot(traces: TraceSet, params: Params) -> Result:
+    """The same job with `capacity: spot`, on the anchors' market: it waits for spot rather than pay
+    for on-demand, and fails past `max_interruptions` (100, the most a spec may ask)."""
+    return ControlPlaneReplay(traces, params, capacity="spot").replay()

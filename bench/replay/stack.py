@@ -36,9 +36,11 @@ BUCKET = "goodput-bench"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/train:goodput"
 
 
-def spec_for(params: Params) -> dict[str, object]:
-    """The job as a user would submit it: spot only (as the anchors), every interruption tolerated;
-    with a deadline, spot-first with the deadline and the job's size, and the control plane decides."""
+def spec_for(params: Params, *, capacity: str = "spot-first") -> dict[str, object]:
+    """The job as a user would submit it. `spot-first` (the default) lets the control plane decide:
+    spot while it holds, on-demand while spot reclaims the job too often (`domain.volatility`) and
+    back when it is calm; with a deadline, the deadline's rule decides instead. `spot` waits for
+    spot as the anchors do, every interruption up to the spec's limit (100) tolerated."""
     spec: dict[str, object] = {
         "name": "goodput-bench",
         "image": IMAGE,
@@ -46,14 +48,14 @@ def spec_for(params: Params) -> dict[str, object]:
         "nodes": params.nodes,
         "gpus_per_node": params.gpus_per_node,
         "instance_types": [params.instance_type],
-        "capacity": "spot",
-        "max_interruptions": 100,
+        "capacity": capacity,
         "max_runtime_minutes": 43200,
         "checkpoint_every_minutes": params.checkpoint_every_minutes,
         "idle": {"action": "ignore"},
     }
+    if capacity == "spot":
+        spec["max_interruptions"] = 100
     if params.deadline_hours is not None:
-        spec["capacity"] = "spot-first"
         spec["deadline"] = {
             "hours": params.deadline_hours,
             "expected_hours": params.hours_of_work,

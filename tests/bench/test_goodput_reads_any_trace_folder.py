@@ -29,7 +29,7 @@ def test_every_folder_of_traces_is_one_set_of_zones_with_a_row_per_strategy(tmp_
     assert [(Path(r["traces"]).name, r["strategy"]) for r in rows] == [
         (folder, strategy)
         for folder in ("week-1", "west")
-        for strategy in ("gpujobs", "skypilot-like", "sagemaker-like", "on-demand")
+        for strategy in ("gpujobs", "gpujobs (spot)", "skypilot-like", "sagemaker-like", "on-demand")
     ]
     assert set(rows[0]) >= {
         "traces", "strategy", "goodput", "cost_per_useful_gpu_hour", "hours_to_finish", "steps_lost",
@@ -57,11 +57,12 @@ def test_counts_above_one_are_gangs_of_up_to_that_many_nodes(tmp_path, capsys):
     write_zones(tmp_path, per_node=4)
     out = run_json(capsys, "--traces", str(tmp_path), "--hours-of-work", "2", "--nodes", "4")
     assert {r["strategy"]: r["hours_to_finish"] is not None for r in out["results"]} == dict.fromkeys(
-        ("gpujobs", "skypilot-like", "sagemaker-like", "on-demand"), True
+        ("gpujobs", "gpujobs (spot)", "skypilot-like", "sagemaker-like", "on-demand"), True
     )
     too_big = run_json(capsys, "--traces", str(tmp_path), "--hours-of-work", "2", "--nodes", "5")
     unfinished = {r["strategy"] for r in too_big["results"] if r["hours_to_finish"] is None}
-    assert unfinished == {"gpujobs", "skypilot-like", "sagemaker-like"}  # never room for 5; on-demand is not traced
+    # never spot room for 5: the spot strategies wait; spot-first and on-demand (not traced) finish
+    assert unfinished == {"gpujobs (spot)", "skypilot-like", "sagemaker-like"}
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.domain.teams import TeamDirectory, parse_team_config
+from gpujobs.domain.volatility import SPOT_RECLAIMS, VOLATILE_COUNT, VOLATILE_WINDOW
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, JobNotFoundError, LaunchRequest, QuotaExceededError
 from gpujobs.service.repairs import Repair
@@ -508,6 +509,7 @@ class SimulatedCloud:
         problems += self._undeserved_config_errors(jobs)
         problems += self._undeserved_market_failures(jobs)
         problems += self._moves_that_went_nowhere(jobs)
+        problems += self._spot_while_volatile(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         problems += self._objects_deleted_early(jobs)
@@ -644,22 +646,58 @@ class SimulatedCloud:
         return problems
 
     def _moves_that_went_nowhere(self, jobs: dict[str, Job]) -> list[str]:
-        """A deadline's move replaces its attempt on the other market, never on the one it left
-        (a move the budget or the spec would undo is not made: issue 19, item 6)."""
+        """A move replaces its attempt on the other market, never on the one it left: a deadline's
+        either way, a move back to spot (`volatility.back_to_spot`) on spot (a move the budget or the
+        spec would undo is not made: issue 19, item 6)."""
         problems = []
+        reasons = (Reason.DEADLINE_MARKET, Reason.BACK_TO_SPOT)
         for job in jobs.values():
-            moved = {e.attempt for e in job.history if e.reason is Reason.DEADLINE_MARKET}  # by number: a
-            # reclaim and a move can share one instant of the fake clock
+            moved = {  # by number: a reclaim and a move can share one instant of the fake clock
+                e.attempt: e.reason for e in job.history if e.reason in reasons and e.target is JobState.INTERRUPTED
+            }
             for old, new in zip(job.attempts, job.attempts[1:], strict=False):
                 if old.number not in moved or not new.instance_ids or old.market is not new.market:
                     continue
+                if not old.moved or old.interrupted_at is None:
+                    continue  # its moves found no room: it trained on, and what came after is no move
                 if any(old.interrupted_at <= t <= new.started_at for t in self.budget_alerts_at):
                     continue  # a policy tightened in between: the replacement follows it
                 if new.market in FALLBACKS.get(self.deadline_markets.get((job.job_id, new.number)), ()):
                     continue  # its walk began after the move's slack was gone: the deadline now allows it
                 problems.append(
-                    f"{job.job_id}: attempt {old.number} moved for its deadline, and attempt {new.number}"
+                    f"{job.job_id}: attempt {old.number} moved ({moved[old.number]}), and attempt {new.number}"
                     f" launched on the same market ({new.market})"
+                )
+        return problems
+
+    def _spot_while_volatile(self, jobs: dict[str, Job]) -> list[str]:
+        """A `spot-first` job without a deadline that spot reclaimed `VOLATILE_COUNT` times within
+        `VOLATILE_WINDOW` launches its next attempt on on-demand, spot only when on-demand was refused
+        (its tries show it) or a budget alert may have narrowed it to spot (issue 21)."""
+        problems = []
+        for job in jobs.values():
+            spec = job.spec
+            if spec is None or spec.capacity is not Capacity.SPOT_FIRST or spec.deadline is not None:
+                continue
+            for i, attempt in enumerate(job.attempts):
+                if attempt.market is not Market.SPOT or not attempt.instance_ids or i == 0:
+                    continue
+                reclaims = [  # what the launch saw: the history's reclaims of the attempts before it
+                    e.at
+                    for e in job.history
+                    if e.target is JobState.INTERRUPTED
+                    and e.reason in SPOT_RECLAIMS
+                    and e.attempt is not None
+                    and e.attempt < attempt.number
+                ]
+                recent = [t for t in reclaims if attempt.started_at - t <= VOLATILE_WINDOW]
+                if len(recent) < VOLATILE_COUNT or any(t <= attempt.started_at for t in self.budget_alerts_at):
+                    continue
+                if attempt.tries_dropped or any(t.market is Market.ON_DEMAND for t in attempt.tries):
+                    continue
+                problems.append(
+                    f"{job.job_id}: attempt {attempt.number} launched on spot after {len(recent)} reclaims within"
+                    f" {VOLATILE_WINDOW}, without trying on-demand first"
                 )
         return problems
 
@@ -787,11 +825,9 @@ class SimulatedCloud:
 
     @staticmethod
     def _on_demand_only(job: Job) -> bool:
-        """The spec allows on-demand only now: an on-demand job, or a spot-first one past its limit."""
-        spec = job.require_spec()
-        return spec.capacity is Capacity.ON_DEMAND or (
-            spec.capacity is Capacity.SPOT_FIRST and job.interruptions >= spec.max_interruptions
-        )
+        """The spec allows on-demand only: an on-demand job (a spot-first one goes to spot under a
+        budget's spot-only, however volatile spot has been and whatever its deadline says)."""
+        return job.require_spec().capacity is Capacity.ON_DEMAND
 
     def _unhealthy(self, job: Job) -> str | None:
         policy = self.world.budgets.policy_for(job.team)

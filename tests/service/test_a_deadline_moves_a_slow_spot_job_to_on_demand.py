@@ -34,7 +34,7 @@ def test_a_spot_attempt_without_slack_left_moves_to_on_demand(world: World) -> N
     world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=250))
     report = world.reconciler.run()
 
-    assert report.repairs["deadline market moves"] == 1
+    assert report.repairs["market moves"] == 1
     moved = world.store.get(job.job_id)
     assert moved.state is JobState.RUNNING
     assert [a.market for a in moved.attempts] == [Market.SPOT, Market.ON_DEMAND]
@@ -63,7 +63,7 @@ def test_under_a_spot_only_budget_a_slow_spot_attempt_is_not_moved_tick_after_ti
     moves = 0
     for tick in range(15):  # 30 minutes of reconciler ticks, the trainer still too slow
         world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=250 + tick))
-        moves += world.reconciler.run().repairs["deadline market moves"]
+        moves += world.reconciler.run().repairs["market moves"]
         world.clock.advance(seconds=120)
 
     assert moves == 0
@@ -94,7 +94,7 @@ def test_a_move_that_finds_no_on_demand_room_keeps_the_spot_attempt_training_and
         nonlocal step
         step += 1
         world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=step))
-        moves = world.reconciler.run().repairs["deadline market moves"]
+        moves = world.reconciler.run().repairs["market moves"]
         world.clock.advance(seconds=120)
         return moves
 

@@ -3,7 +3,8 @@
 Hypothesis plays random sequences against the service layer wired to the in-memory fakes
 (`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
 invocations with little time left (a walk cut short mid-ladder), deadlines and their market moves,
-spot warnings and reclaims, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
+spot warnings and reclaims (one at a time, or a storm across every pool; spot room lost and back
+everywhere at once), volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
 changes delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler
 runs, reads of the table's stream by the Publisher function (late, or failing), team quotas, fair
@@ -57,8 +58,9 @@ POOLS = tuple(
     for market in MARKETS
 )
 SCOPES = ("default", "ml", "all")
-JUMPS = (10, 45, 100, 150, 600, 1800, 4 * 3600)
-"""Seconds; the longest crosses the budget period's end (the clock starts three hours before it)."""
+JUMPS = (10, 45, 100, 150, 600, 1800, 4 * 3600, 7 * 3600)
+"""Seconds; 4 h crosses the budget period's end (the clock starts three hours before it), 7 h a
+spot-first job's wait on on-demand before it goes back to spot (`volatility.calm_wait`, 6 h)."""
 
 TEAM_CONFIGS: tuple[dict[str, Any] | None, ...] = (
     None,
@@ -118,6 +120,21 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         spot = [i for i in self.cloud.up_instances() if self._market(i) == "spot"]
         if spot:
             self.cloud.warn(spot[which % len(spot)])
+
+    @rule()
+    def spot_storm(self) -> None:
+        """A capacity crunch: every spot instance up is warned at once, in every pool (drops come
+        together; three within six hours make a spot-first job volatile, `domain.volatility`)."""
+        for iid in self.cloud.up_instances():
+            if self._market(iid) == "spot" and iid not in self.cloud.warned:
+                self.cloud.warn(iid)
+
+    @rule(available=st.booleans())
+    def spot_comes_and_goes(self, available: bool) -> None:
+        """Every spot pool loses (or regains) its room together."""
+        for pool in POOLS:
+            if pool[2] == "spot":
+                self.cloud.set_capacity(pool, available=available)
 
     @rule(which=pick)
     def rebalance_recommendation(self, which: int) -> None:

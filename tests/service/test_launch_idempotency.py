@@ -8,6 +8,7 @@ resumes from a newer step), which is how a real takeover meets the mismatch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from gpujobs.domain.job import Attempt, Market
 from gpujobs.domain.ladder import SubnetZone, plan_ladder
 from gpujobs.domain.launching import LAUNCH_LEASE
+from gpujobs.domain.pools import Reclaim
 from gpujobs.domain.reports import CheckpointReport
 from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState
@@ -48,18 +50,22 @@ def test_each_pool_gets_its_own_token_whatever_its_place_in_the_ladder_and_token
     attempt = Attempt(number=12345, started_at=datetime(2026, 11, 29, tzinfo=UTC))
     job_id = "j-0123456789abcdef"
 
-    def tokens(**ladder_options: Any) -> dict[tuple[str, str, Market], str]:
+    def tokens(
+        markets: Sequence[Market] = (Market.SPOT, Market.ON_DEMAND), **ladder_options: Any
+    ) -> dict[tuple[str, str, Market], str]:
         return {
             r.pool: attempt.client_token(job_id, instance_type=r.instance_type, subnet_id=r.subnet_id, market=r.market)
-            for r in plan_ladder(job_spec, subnets, **ladder_options)
+            for r in plan_ladder(job_spec, subnets, markets=markets, **ladder_options)
         }
 
     usual = tokens()
-    reordered = tokens(avoid_pool=("p4d.24xlarge", "us-east-1a", Market.SPOT))  # a reclaimed pool goes last
-    spot_only = tokens(spot_only=True)
+    just_now = Reclaim("p4d.24xlarge", "us-east-1a", attempt.started_at, "j-0#1")  # a reclaimed pool goes last
+    reordered = tokens(reclaims=[just_now], now=attempt.started_at)
+    spot_only = tokens(markets=[Market.SPOT])
 
     assert len(set(usual.values())) == len(usual) == 8
     assert reordered == usual
+    assert list(reordered)[-1] == ("p4d.24xlarge", "us-east-1a", Market.SPOT)
     assert spot_only == {pool: token for pool, token in usual.items() if pool[2] is Market.SPOT}
     assert all(len(t) <= 64 and t.isascii() for t in usual.values())
 

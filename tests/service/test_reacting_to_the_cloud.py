@@ -120,14 +120,23 @@ def test_a_warning_for_any_node_interrupts_the_whole_gang(world: World) -> None:
     assert len(replacement.instance_ids) == 3
 
 
-def test_spot_first_moves_to_on_demand_after_max_interruptions(world: World) -> None:
+def test_spot_first_goes_on_demand_while_spot_is_volatile_and_never_for_max_interruptions(world: World) -> None:
+    """Three reclaims within six hours (`domain.volatility`): the next replacement goes to on-demand;
+    two do not, and `max_interruptions` does not count for a spot-first job (issue 21)."""
     job = running(world, max_interruptions=1)
     world.reactions.spot_warning(attempt_instances(world, job.job_id, 1)[0])
     world.reactions.spot_warning(attempt_instances(world, job.job_id, 2)[0])
 
     third = world.store.get(job.job_id).current_attempt
     assert third is not None
-    assert third.market is Market.ON_DEMAND
+    assert third.market is Market.SPOT  # past its max_interruptions of 1, and still on spot
+
+    world.reactions.spot_warning(attempt_instances(world, job.job_id, 3)[0])
+    fourth = world.store.get(job.job_id)
+    assert fourth.state is JobState.RUNNING
+    assert fourth.current_attempt is not None
+    assert fourth.current_attempt.market is Market.ON_DEMAND
+    assert fourth.interruptions == 3
 
 
 def test_a_spot_only_job_interrupted_past_its_limit_fails(world: World) -> None:

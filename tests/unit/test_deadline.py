@@ -20,7 +20,7 @@ from gpujobs.domain.deadline import (
 )
 from gpujobs.domain.effects import Launch, Outcome, SignalCheckpoint
 from gpujobs.domain.job import MAX_ATTEMPTS_KEPT, Attempt, Job, Market, StopRequest
-from gpujobs.domain.ladder import SubnetZone, movable_markets, next_try_at, plan_ladder
+from gpujobs.domain.ladder import SubnetZone, job_markets, markets_for, movable_markets, next_try_at, plan_ladder
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.spec_errors import SpecError
 from gpujobs.domain.states import JobState, Reason
@@ -66,10 +66,7 @@ def test_without_a_deadline_nothing_is_decided_and_the_ladder_is_todays() -> Non
     plain = job()
     assert launch_markets(plain, now=at(5)) is None
     assert slack_of(plain, now=at(5)) is None
-    assert {r.market for r in plan_ladder(plain.require_spec(), SUBNETS, deadline=None)} == {
-        Market.SPOT,
-        Market.ON_DEMAND,
-    }
+    assert job_markets(plain, now=at(5)) == [Market.SPOT, Market.ON_DEMAND]
     assert latest_retry(plain, at(9)) == at(9)
 
 
@@ -88,7 +85,9 @@ def test_the_slack_is_the_time_left_less_the_work_left_and_one_changeover() -> N
         (DeadlineMarkets.ON_DEMAND, False, 0, [Market.ON_DEMAND]),
         (DeadlineMarkets.SPOT_FIRST, False, 0, [Market.SPOT, Market.ON_DEMAND]),
         (DeadlineMarkets.SPOT_ONLY, False, 0, [Market.SPOT]),
-        pytest.param(DeadlineMarkets.SPOT_ONLY, False, 5, [Market.ON_DEMAND], id="past max_interruptions: on-demand"),
+        pytest.param(
+            DeadlineMarkets.SPOT_ONLY, False, 5, [Market.SPOT], id="spot-first: its interruption count moves nothing"
+        ),
         pytest.param(DeadlineMarkets.ON_DEMAND, True, 0, [Market.SPOT], id="a budget's spot-only wins"),
     ],
 )
@@ -96,8 +95,8 @@ def test_the_ladder_narrows_spot_first_to_what_the_deadline_allows(
     markets: DeadlineMarkets, spot_only: bool, interruptions: int, expected: list[Market]
 ) -> None:
     spec = job(deadline=DEADLINE).require_spec()
-    rungs = plan_ladder(spec, SUBNETS, interruptions=interruptions, spot_only=spot_only, deadline=markets)
-    assert [r.market for r in rungs] == expected
+    allowed = markets_for(spec, interruptions=interruptions, spot_only=spot_only, deadline=markets)
+    assert [r.market for r in plan_ladder(spec, SUBNETS, markets=allowed)] == expected
 
 
 def test_a_job_waiting_for_spot_retries_no_later_than_when_it_must_go_on_demand() -> None:
@@ -205,19 +204,25 @@ def test_a_job_on_schedule_or_stopping_is_not_moved() -> None:
 
 def test_a_move_to_a_market_no_launch_may_use_now_is_not_made_and_the_attempt_trains_on() -> None:
     """Issue 19, item 6: a move whose replacement would land on the market it left (a budget's
-    spot-only, a spot-first job past max_interruptions) or nowhere (a budget hold) is no move."""
+    spot-only) or nowhere (a budget hold) is no move. A spot-first job's interruption count no
+    longer narrows its markets (issue 21): only a `spot` job has a limit."""
     ahead = on_demand_ahead(heartbeat_step=1100, hours=10)  # wants to go back to spot
+    slow = (
+        running(market=Market.SPOT, heartbeat_step=1400)  # must leave spot for on-demand
+        .transition(JobState.LAUNCHING, Reason.LAUNCH_STARTED, now=at(0))
+        .transition(JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=at(0))
+    )
     past_limit = ahead.model_copy(update={"interruptions": 5})  # spot-first's default max_interruptions
     assert movable_markets(ahead, spot_only=False, hold=False) == [Market.SPOT, Market.ON_DEMAND]
-    assert movable_markets(past_limit, spot_only=False, hold=False) == [Market.ON_DEMAND]
+    assert movable_markets(past_limit, spot_only=False, hold=False) == [Market.SPOT, Market.ON_DEMAND]
     assert movable_markets(ahead, spot_only=True, hold=False) == [Market.SPOT]
     assert movable_markets(ahead, spot_only=False, hold=True) == []
 
-    kept = move_market(past_limit, now=at(10), allowed=movable_markets(past_limit, spot_only=False, hold=False))
+    kept = move_market(slow, now=at(20), allowed=movable_markets(slow, spot_only=True, hold=False))
     assert kept.outcome is Outcome.NOTHING_TO_DECIDE
     assert kept.job is None
     assert kept.effects == ()
-    assert "wants spot" in kept.detail
+    assert "wants on-demand" in kept.detail
     held = move_market(ahead, now=at(10), allowed=movable_markets(ahead, spot_only=False, hold=True))
     assert held.job is None
     assert held.effects == ()

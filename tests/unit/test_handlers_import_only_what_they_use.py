@@ -81,6 +81,8 @@ EVERY_HANDLER = {
     "gpujobs.service.config",
     "gpujobs.service.jobs",
     "gpujobs.service.ports",
+    "gpujobs.service.offerings",  # the offerings port and its default, a field of `Ports` (30 lines)
+    "gpujobs.service.pool_evidence",  # the spot-evidence port and its default, a field of `Ports` (35 lines)
 }
 EVENTS = {"gpujobs.adapters.inbound"}
 """What the EventBridge handlers parse their envelopes (and EC2's events) with; each handler adds

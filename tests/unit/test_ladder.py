@@ -8,7 +8,14 @@ from datetime import timedelta
 import pytest
 
 from gpujobs.domain.job import Market
-from gpujobs.domain.ladder import ErrorKind, SubnetZone, classify_launch_error, next_try_delay, plan_ladder
+from gpujobs.domain.ladder import (
+    ErrorKind,
+    SubnetZone,
+    classify_launch_error,
+    markets_for,
+    next_try_delay,
+    plan_ladder,
+)
 from gpujobs.domain.spec import load_spec
 
 SUBNETS = [SubnetZone("subnet-a", "us-east-1a"), SubnetZone("subnet-b", "us-east-1b")]
@@ -24,7 +31,7 @@ def pools(rungs: list) -> list[tuple[str, str, str]]:  # type: ignore[type-arg]
 
 
 def test_spot_first_tries_every_spot_pool_in_type_order_before_any_on_demand() -> None:
-    ladder = pools(plan_ladder(make(), SUBNETS))
+    ladder = pools(plan_ladder(make(), SUBNETS, markets=markets_for(make(), interruptions=0)))
     assert ladder == [
         ("g5.xlarge", "us-east-1a", "spot"),
         ("g5.xlarge", "us-east-1b", "spot"),
@@ -37,24 +44,21 @@ def test_spot_first_tries_every_spot_pool_in_type_order_before_any_on_demand() -
     ]
 
 
-def test_spot_first_moves_to_on_demand_after_max_interruptions() -> None:
-    rungs = plan_ladder(make(max_interruptions=2), SUBNETS, interruptions=2)
-    assert {r.market for r in rungs} == {Market.ON_DEMAND}
+def test_spot_first_is_never_given_up_for_its_interruptions_and_goes_on_demand_first_while_volatile() -> None:
+    """Issue 21: `max_interruptions` is a limit of `spot` jobs only; a volatile spot-first job
+    launches on on-demand first and still on spot when on-demand has no room."""
+    assert markets_for(make(max_interruptions=2), interruptions=50) == [Market.SPOT, Market.ON_DEMAND]
+    assert markets_for(make(), interruptions=3, volatile=True) == [Market.ON_DEMAND, Market.SPOT]
+    assert markets_for(make(), interruptions=3, volatile=True, spot_only=True) == [Market.SPOT]
 
 
-def test_a_spot_only_job_past_its_interruption_limit_has_no_rung_left() -> None:
-    assert plan_ladder(make(capacity="spot", max_interruptions=1), SUBNETS, interruptions=2) == []
-
-
-def test_a_replacement_tries_the_reclaimed_pool_last() -> None:
-    ladder = plan_ladder(make(), SUBNETS, avoid_pool=("g5.xlarge", "us-east-1a", Market.SPOT))
-    assert pools(ladder)[0] == ("g5.xlarge", "us-east-1b", "spot")
-    assert pools(ladder)[-1] == ("g5.xlarge", "us-east-1a", "spot")
-    assert len(ladder) == 8
+def test_a_spot_only_job_past_its_interruption_limit_has_no_market_left() -> None:
+    assert markets_for(make(capacity="spot", max_interruptions=1), interruptions=2) == []
+    assert markets_for(make(capacity="spot", max_interruptions=1), interruptions=1) == [Market.SPOT]
 
 
 def test_a_forecasted_budget_breach_removes_on_demand_rungs() -> None:
-    assert {r.market for r in plan_ladder(make(), SUBNETS, spot_only=True)} == {Market.SPOT}
+    assert markets_for(make(), interruptions=0, spot_only=True) == [Market.SPOT]
 
 
 @pytest.mark.parametrize(

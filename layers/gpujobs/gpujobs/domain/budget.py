@@ -99,13 +99,9 @@ def launch_hold(job: Job, policy: BudgetPolicy, *, now: datetime) -> str | None:
     if policy.mode is not BudgetMode.SPOT_ONLY:
         return None
     # Launch-only modules, loaded only while a spot-only policy is in force (every handler imports this one).
-    from gpujobs.domain.deadline import launch_markets
-    from gpujobs.domain.ladder import markets_for
+    from gpujobs.domain.ladder import job_markets
 
-    spec = job.require_spec()
-    deadline = launch_markets(job, now=now)
-    allowed = markets_for(spec, interruptions=job.interruptions, deadline=deadline)
-    if not allowed or markets_for(spec, interruptions=job.interruptions, spot_only=True, deadline=deadline):
+    if not job_markets(job, now=now) or job_markets(job, now=now, spot_only=True):
         return None
     return f"budget spot-only ({policy.scope}): {policy.reason}; this job may launch on on-demand only".strip()
 

@@ -34,6 +34,7 @@ from gpujobs.domain.effects import Decision, Launch, Outcome, SignalCheckpoint, 
 from gpujobs.domain.job import BOOT_ALLOWANCE, RESTORE_ALLOWANCE, Job, Market
 from gpujobs.domain.spec import CheckpointMode, Deadline
 from gpujobs.domain.states import JobState, Reason
+from gpujobs.domain.volatility import MOVE_RETRY, last_move_without_room
 
 
 class DeadlineMarkets(StrEnum):
@@ -166,23 +167,6 @@ def may_return_to_spot(job: Job, *, now: datetime) -> bool:
     return standing.slack > margin and _lead(job, spec.deadline, standing, now=now) >= margin
 
 
-MOVE_RETRY = timedelta(minutes=10)
-"""How long after a move found no room on its market (its attempt trained on) the next is tried:
-each try costs a checkpoint and a ladder walk, never the running attempt."""
-
-
-def _last_move_without_room(job: Job) -> datetime | None:
-    """When a move's replacement last found no room and the moved attempt went on (LAUNCHING -> RUNNING)."""
-    return max(
-        (
-            e.at
-            for e in job.history
-            if e.reason is Reason.DEADLINE_MARKET and e.source is JobState.LAUNCHING and e.target is JobState.RUNNING
-        ),
-        default=None,
-    )
-
-
 def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Decision:
     """Checkpoint the running attempt and replace it on the market the deadline needs, make before
     break: the attempt is marked `moved` and trains on until its replacement's gang is up; the
@@ -207,7 +191,7 @@ def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Deci
         return ignore(Outcome.NOTHING_TO_DECIDE)
     if target not in allowed:
         return ignore(Outcome.NOTHING_TO_DECIDE, f"the deadline wants {target.value}, which a launch may not use now")
-    refused = _last_move_without_room(job)
+    refused = last_move_without_room(job, Reason.DEADLINE_MARKET)
     if refused is not None and now - refused < MOVE_RETRY:
         return ignore(Outcome.NOTHING_TO_DECIDE, f"the last move found no room on {target.value}; retry later")
     standing = slack_of(job, now=now, step=attempt.heartbeat_step)

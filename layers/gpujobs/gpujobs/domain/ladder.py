@@ -1,11 +1,14 @@
 """The capacity ladder: which (instance type, zone, market) rungs to try, in which order.
 
 Pure decisions only. The launcher walks the rungs in order and stops at the first that launches.
-Spot comes first when the spec allows it; a job that has been interrupted `max_interruptions`
-times moves to on-demand (`spot-first`) or fails (`spot`); a job with a deadline narrows its
-`spot-first` markets to the ones `domain.deadline` allows now; a replacement after an interruption
-tries every other pool before the one that was just reclaimed; a forecasted budget breach removes
-on-demand rungs.
+Spot comes first when the spec allows it. A `spot` job that has been interrupted past
+`max_interruptions` times fails; a `spot-first` job is never given up for its interruptions: while
+spot reclaims it too often (`domain.volatility`) it launches on on-demand first, and it goes back to
+spot once spot is calm. A job with a deadline narrows its `spot-first` markets to the ones
+`domain.deadline` allows now; a move back to spot launches on spot only; a forecasted budget breach
+removes on-demand rungs. Within a market, the spot pools are ordered by the stack's evidence
+(`domain.pools`): each type's zones from the least reclaimed, and pools reclaimed minutes ago after
+every other rung (the job's own just-reclaimed pool among them).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from gpujobs.domain.deadline import DeadlineMarkets, latest_retry
+from gpujobs.domain import pools
+from gpujobs.domain.deadline import DeadlineMarkets, latest_retry, launch_markets
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.spec import Capacity, JobSpec
 from gpujobs.domain.states import WAITING_FOR_ROOM
+from gpujobs.domain.volatility import moving_back_to_spot, volatile
 
 
 @dataclass(frozen=True)
@@ -41,15 +46,22 @@ class SubnetZone:
 
 
 def markets_for(
-    spec: JobSpec, *, interruptions: int, spot_only: bool = False, deadline: DeadlineMarkets | None = None
+    spec: JobSpec,
+    *,
+    interruptions: int,
+    volatile: bool = False,
+    spot_only: bool = False,
+    deadline: DeadlineMarkets | None = None,
 ) -> list[Market]:
-    """The markets a launch may use now, in order of preference; a budget's spot-only wins over a deadline."""
+    """The markets a launch may use now, in order of preference; a budget's spot-only wins over a
+    deadline and over volatility. `volatile`: spot has reclaimed this `spot-first` job too often
+    lately (`domain.volatility`), so on-demand comes first, spot only when on-demand has no room."""
     if spec.capacity is Capacity.ON_DEMAND:
         markets = [Market.ON_DEMAND]
     elif spec.capacity is Capacity.SPOT:
         markets = [Market.SPOT] if interruptions <= spec.max_interruptions else []
-    elif interruptions >= spec.max_interruptions:
-        markets = [Market.ON_DEMAND]
+    elif volatile:
+        markets = [Market.ON_DEMAND, Market.SPOT]
     else:
         markets = [Market.SPOT, Market.ON_DEMAND]
     if deadline is DeadlineMarkets.ON_DEMAND and Market.ON_DEMAND in markets and not spot_only:
@@ -61,10 +73,26 @@ def markets_for(
     return markets
 
 
+def job_markets(job: Job, *, now: datetime, spot_only: bool = False) -> list[Market]:
+    """The markets the job's next launch may use now: its spec, its deadline, how volatile spot has
+    been for it, and a move back to spot (spot only: with no room its on-demand attempt trains on)."""
+    spec = job.require_spec()
+    markets = markets_for(
+        spec,
+        interruptions=job.interruptions,
+        volatile=volatile(job, now=now),
+        spot_only=spot_only,
+        deadline=launch_markets(job, now=now),
+    )
+    if moving_back_to_spot(job):
+        markets = [m for m in markets if m is Market.SPOT]
+    return markets
+
+
 def movable_markets(job: Job, *, spot_only: bool, hold: bool) -> list[Market]:
-    """The markets a deadline's move may go to now: what the spec allows past its interruptions and
-    the budget allows (spot only under a forecast, nothing under a hold); the deadline's own
-    narrowing is what asks for the move, so it is left out here."""
+    """The markets a move may go to now: what the spec allows and the budget allows (spot only under
+    a forecast, nothing under a hold); the rule that asks for the move (a deadline, calm spot) is
+    left out here."""
     if hold:
         return []
     return markets_for(job.require_spec(), interruptions=job.interruptions, spot_only=spot_only)
@@ -74,21 +102,20 @@ def plan_ladder(
     spec: JobSpec,
     subnets: Sequence[SubnetZone],
     *,
-    interruptions: int = 0,
-    avoid_pool: tuple[str, str, Market] | None = None,
-    spot_only: bool = False,
-    deadline: DeadlineMarkets | None = None,
+    markets: Sequence[Market],
+    reclaims: Sequence[pools.Reclaim] = (),
+    now: datetime | None = None,
 ) -> list[Rung]:
-    """Every rung to try: market-major (cheapest first), then the spec's type order, then zones."""
+    """Every rung to try: market-major (in `markets`' order), then the spec's type order, then zones;
+    spot pools reordered by the evidence in `reclaims` as of `now` (`domain.pools.rank`)."""
     rungs = [
         Rung(instance_type=t, subnet_id=s.subnet_id, zone=s.zone, market=m)
-        for m in markets_for(spec, interruptions=interruptions, spot_only=spot_only, deadline=deadline)
+        for m in markets
         for t in spec.instance_types
         for s in subnets
     ]
-    if avoid_pool is not None:
-        # The pool that was just reclaimed is the one most likely to be reclaimed again.
-        rungs = [r for r in rungs if r.pool != avoid_pool] + [r for r in rungs if r.pool == avoid_pool]
+    if reclaims and now is not None:
+        rungs = pools.rank(rungs, reclaims, now=now)
     return rungs
 
 

@@ -253,27 +253,34 @@ def end_launch(
 
 
 def moved_attempt_trains_on(job: Job, *, now: datetime, detail: str) -> Job | None:
-    """A deadline's move whose replacement found no room gives the job back its moved attempt.
+    """A move whose replacement found no room gives the job back its moved attempt.
 
-    The move (`deadline.move_market`) is voluntary: the attempt it left still trains (its save was
-    a checkpoint, not a stop) until the reconciler takes its instances after the warning window.
-    When the replacement's walk launched nowhere, that attempt is current again and RUNNING (the
-    replacement, which launched nothing, is dropped, its number given to the next one), rather
-    than the job waiting QUEUED with nothing running. None when the launch was no such move, or
-    the moved attempt has ended or lost an instance meanwhile: then the job waits as any other.
+    A move (`deadline.move_market`, `volatility.back_to_spot`) is voluntary: the attempt it left
+    still trains (its save was a checkpoint, not a stop) until the reconciler takes its instances
+    after the warning window. When the replacement's walk launched nowhere, that attempt is current
+    again and RUNNING (the replacement, which launched nothing, is dropped, its number given to the
+    next one), rather than the job waiting QUEUED with nothing running. None when the launch was no
+    such move, or the moved attempt has ended or lost an instance meanwhile: then the job waits as
+    any other.
     """
     if len(job.attempts) < 2:
         return None
     moved, replacement = job.attempts[-2], job.attempts[-1]
     if not moved.moved or moved.is_over or not moved.instance_ids or moved.gone or replacement.instance_ids:
         return None
+    from gpujobs.domain.volatility import move_reason  # a launch's only: no handler's cold start loads it
+
     back = moved.model_copy(update={"interrupted_at": None, "moved": False})
     kept = job.model_copy(update={"attempts": (*job.attempts[:-2], back)})
-    market = (
-        "the other market" if moved.market is None else f"the market the deadline wanted (not {moved.market.value})"
-    )
+    reason = move_reason(job)
+    if reason is Reason.BACK_TO_SPOT:
+        market = "spot"
+    elif moved.market is None:
+        market = "the other market"
+    else:
+        market = f"the market the deadline wanted (not {moved.market.value})"
     why = f"no room on {market}: attempt {moved.number} trains on ({detail})"
-    return kept.transition(JobState.RUNNING, Reason.DEADLINE_MARKET, now=now, detail=why)
+    return kept.transition(JobState.RUNNING, reason, now=now, detail=why)
 
 
 def pause_launch(

@@ -56,6 +56,7 @@ class Reason(StrEnum):
     LAUNCH_FAILED = "launch-failed"
     SPOT_INTERRUPTION = "spot-interruption"
     DEADLINE_MARKET = "deadline-market"
+    BACK_TO_SPOT = "back-to-spot"
     REPLACEMENT_LAUNCHING = "replacement-launching"
     COMPLETED = "completed"
     CRASHED_RETRYING = "crashed-retrying"
@@ -115,6 +116,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         L, R, Reason.DEADLINE_MARKET, "a deadline's move found no room on its market: the moved attempt trains on"
     ),
+    Transition(L, R, Reason.BACK_TO_SPOT, "a move back to spot found no spot room: the on-demand attempt trains on"),
     Transition(L, JobState.FAILED, Reason.LAUNCH_FAILED, "the launch failed for a reason retrying cannot fix"),
     Transition(
         R,
@@ -126,6 +128,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
     Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
     Transition(R, INT, Reason.DEADLINE_MARKET, "the deadline wants the other market; checkpoint and replace"),
+    Transition(
+        R,
+        INT,
+        Reason.BACK_TO_SPOT,
+        "spot is calm again for an on-demand spot-first job; checkpoint and replace on spot",
+    ),
     Transition(R, JobState.SUCCEEDED, Reason.COMPLETED, "every node exited 0"),
     Transition(R, Q, Reason.CRASHED_RETRYING, "the attempt crashed; attempts remain"),
     Transition(
@@ -157,7 +165,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         INT, Q, Reason.BUDGET_HOLD, "a budget hold (or spot-only, for an on-demand replacement): the replacement waits"
     ),
-    Transition(INT, JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN, "spot-only job past max_interruptions"),
+    Transition(
+        INT,
+        JobState.FAILED,
+        Reason.INTERRUPTED_TOO_OFTEN,
+        "a `spot` job past max_interruptions (a `spot-first` one never fails for them)",
+    ),
     *(Transition(s, JobState.CANCELLED, Reason.USER_CANCELLED, "a user cancelled the job") for s in _ACTIVE),
     *(
         Transition(s, JobState.STOPPED, reason, meaning)

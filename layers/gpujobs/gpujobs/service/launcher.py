@@ -19,22 +19,23 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpujobs.domain.deadline import launch_markets
 from gpujobs.domain.effects import Decision
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.hardware import efa_interfaces
-from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
+from gpujobs.domain.job import Attempt, Job, LaunchTry
 from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import (
     PLACEMENT_GROUP_LIMIT_EXCEEDED,
     Rung,
     SubnetZone,
-    markets_for,
+    job_markets,
     next_try_at,
     plan_ladder,
 )
 from gpujobs.domain.launching import Gang, end_launch, invocation_lease, pause_launch, record_launch
 from gpujobs.domain.ledger import family_gpus, family_of, gpus_of
+from gpujobs.domain.offerings import offered
+from gpujobs.domain.pools import HORIZON, Reclaim, reclaims_of
 from gpujobs.domain.quotas import QuotaRefusal, is_quota_refusal, quota_detail, quota_refused_pools, refused_by_quota
 from gpujobs.domain.rundoc import RunDocumentPointer, run_document
 from gpujobs.domain.states import JobState, Reason
@@ -118,23 +119,12 @@ class Launcher:
             except ConcurrentUpdateError:
                 return self.ports.store.get(job.job_id)
             return self.walk(restarted, spot_only=spot_only)
-        subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.ports.compute.subnets()]
-        markets = launch_markets(job, now=self.ports.clock.now())
-        ladder = plan_ladder(
-            spec,
-            subnets,
-            interruptions=job.interruptions,
-            avoid_pool=_reclaimed_pool(job),
-            spot_only=spot_only,
-            deadline=markets,
-        )
-        full = self._families_full(job)
-        if full and ladder:
-            kept = [rung for rung in ladder if family_of(rung.instance_type) not in full]
-            if not kept:
-                detail = f"team {job.team} holds all the GPUs its quota allows in {', '.join(sorted(full))}"
-                return self._end_launch(job, list(attempt.tries), JobState.QUEUED, Reason.NO_CAPACITY, detail)
-            ladder = kept
+        now = self.ports.clock.now()
+        planned = self._plan(job, attempt, spot_only=spot_only, now=now)
+        if isinstance(planned, tuple):
+            target, reason, detail = planned
+            return self._end_launch(job, list(attempt.tries), target, reason, detail)
+        ladder = planned
         user_data = self._user_data(job, attempt)
         security_group = self.ports.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
@@ -163,7 +153,7 @@ class Launcher:
                 tries.append(_try(rung, exc.code, exc.message, self.ports.clock.now()))
                 return self._end_launch(job, tries, JobState.FAILED, Reason.LAUNCH_FAILED, f"{exc.code}: {exc.message}")
             return self._record_launched(job, launched, subnet_id=rung.subnet_id, tries=tuple(tries))
-        if not ladder and spot_only and markets_for(spec, interruptions=job.interruptions, deadline=markets):
+        if not ladder and spot_only and job_markets(job, now=now):
             # The budget's spot-only policy came between the claim and this walk: wait for it, never fail.
             return self._end_launch(
                 job,
@@ -191,6 +181,56 @@ class Launcher:
             return set()
         ledger, gpus = self.ports.store.ledger(), gpus_of(job)
         return {family for family, limit in limits.items() if ledger.get(family_gpus(job.team, family)) + gpus > limit}
+
+    def _evidence(self, job: Job, attempt: Attempt, now: datetime) -> list[Reclaim]:
+        """The stack's recent spot reclaims and the job's own. A replacement's first walk records the
+        reclaim it replaces first, for every job's next launch (`domain.pools`); evidence that cannot
+        be written or read costs the ranking, never the launch."""
+        own = [r for r in reclaims_of(job) if now - r.at <= HORIZON]
+        try:
+            if own and not attempt.tries:
+                self.ports.pool_evidence.record([max(own, key=lambda r: r.at)])
+            return [*self.ports.pool_evidence.recent(now=now), *own]
+        except Exception:
+            log.warning("spot pool evidence unavailable for %s; ranking by its own record", job.job_id, exc_info=True)
+            return own
+
+    def _plan(
+        self, job: Job, attempt: Attempt, *, spot_only: bool, now: datetime
+    ) -> list[Rung] | tuple[JobState, Reason, str]:
+        """The rungs to walk (`domain.ladder`, ranked by the spot evidence), less the zones that do not
+        offer a type and the families the team's quota has filled; or why the walk ends before it
+        starts (no zone offers any type: FAILED; every family is full: the job waits)."""
+        spec = job.require_spec()
+        subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.ports.compute.subnets()]
+        markets = job_markets(job, now=now, spot_only=spot_only)
+        planned = plan_ladder(spec, subnets, markets=markets, reclaims=self._evidence(job, attempt, now), now=now)
+        ladder = self._offered(job, planned)
+        if planned and not ladder:
+            zones = ", ".join(sorted({s.zone for s in subnets}))
+            return (
+                JobState.FAILED,
+                Reason.LAUNCH_FAILED,
+                (f"{', '.join(spec.instance_types)}: not offered in any zone of the stack's subnets ({zones})"),
+            )
+        full = self._families_full(job)
+        if full and ladder:
+            kept = [rung for rung in ladder if family_of(rung.instance_type) not in full]
+            if not kept:
+                detail = f"team {job.team} holds all the GPUs its quota allows in {', '.join(sorted(full))}"
+                return JobState.QUEUED, Reason.NO_CAPACITY, detail
+            ladder = kept
+        return ladder
+
+    def _offered(self, job: Job, ladder: list[Rung]) -> list[Rung]:
+        """The rungs whose zone offers their type (EC2's DescribeInstanceTypeOfferings, cached; a
+        type it does not describe, or offerings that cannot be read, leave every rung in)."""
+        try:
+            zones = self.ports.offerings.zones_offering(job.require_spec().instance_types)
+        except Exception:
+            log.warning("instance type offerings unavailable for %s; trying every zone", job.job_id, exc_info=True)
+            return ladder
+        return [rung for rung in ladder if offered(zones, rung.instance_type, rung.zone)]
 
     def _out_of_time(self) -> bool:
         left = self.ports.time_left()
@@ -360,14 +400,6 @@ def _untried(ladder: Sequence[Rung], tries: Sequence[LaunchTry]) -> Iterator[Run
     """The rungs this attempt has not tried yet: a walk that a deadline cut short goes on where it stopped."""
     tried = {(t.instance_type, t.subnet_id, t.market) for t in tries}
     return (r for r in ladder if (r.instance_type, r.subnet_id, r.market) not in tried)
-
-
-def _reclaimed_pool(job: Job) -> tuple[str, str, Market] | None:
-    """The pool of the newest attempt that ran, if it was reclaimed: the replacement avoids it."""
-    for attempt in reversed(job.attempts[:-1]):
-        if attempt.pool is not None:
-            return attempt.pool if attempt.interrupted_at is not None else None
-    return None
 
 
 def _attempt_being_reclaimed(job: Job, attempt: Attempt) -> int | None:

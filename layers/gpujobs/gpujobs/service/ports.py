@@ -21,6 +21,8 @@ from gpujobs.domain.budget import BudgetPolicy
 from gpujobs.domain.job import Job, Market
 from gpujobs.domain.ledger import Ledger
 from gpujobs.domain.states import JobState
+from gpujobs.service.offerings import InstanceTypeOfferings, UndescribedOfferings
+from gpujobs.service.pool_evidence import NoEvidence, PoolEvidence
 from gpujobs.service.store_errors import (
     AdmissionRefusedError,
     ConcurrentUpdateError,
@@ -429,6 +431,10 @@ class Ports:
     """The EC2 vCPU quotas' values, named in a job a quota refused; the default knows none."""
     reports_throttled_at: Callable[[datetime], datetime | None] = lambda _now: None
     """When the Reports function was last throttled, in the hour before now (`domain.hangs`)."""
+    pool_evidence: PoolEvidence = field(default_factory=NoEvidence)
+    """The stack's recent spot reclaims per pool (`domain.pools`); the default records none."""
+    offerings: InstanceTypeOfferings = field(default_factory=UndescribedOfferings)
+    """The zones offering each type (`domain.offerings.offered`); the default describes none, so all are tried."""
     time_left: Callable[[], timedelta | None] = _no_deadline
     """Time left before the invocation's deadline (the Lambda context's remaining time; None: no
     deadline). A ladder walk stops trying rungs short of it and hands the rest to the reconciler."""

@@ -84,15 +84,18 @@ class Reactions:
             instance_id, lambda job, now: decisions.on_spot_warning(job, instance_id, now=now, action=action)
         )
 
-    def keep_deadline(self, job_id: str, *, current: Job | None = None) -> Reaction:
-        """Move a running job with a deadline to the market it needs, if it needs another."""
-        from gpujobs.domain import deadline, ladder  # the reconciler's only: no event handler loads them
+    def keep_market(self, job_id: str, *, current: Job | None = None) -> Reaction:
+        """Move a running job to the market it needs, if it needs another: a deadline's (`deadline`),
+        or a `spot-first` job's way back to spot once spot is calm (`volatility`)."""
+        from gpujobs.domain import deadline, ladder, volatility  # the reconciler's only: no event handler loads them
         from gpujobs.domain.budget import BudgetMode
 
         def decide(job: Job, now: datetime) -> Decision:
             mode = self.ports.budgets.policy_for(job.team).mode
             allowed = ladder.movable_markets(job, spot_only=mode is BudgetMode.SPOT_ONLY, hold=mode is BudgetMode.HOLD)
-            return deadline.move_market(job, now=now, allowed=allowed)
+            if job.require_spec().deadline is not None:
+                return deadline.move_market(job, now=now, allowed=allowed)
+            return volatility.back_to_spot(job, now=now, allowed=allowed)
 
         return self._react(job_id, decide, current=current)
 

@@ -222,11 +222,13 @@ class Reconciler:
         current = fresh or self.ports.store.get(job.job_id)
         current = self._record_lost_state_changes(current, live, report)
         current = self._enforce_caps(current, now, holds, report)
-        if current.require_spec().deadline is not None:
-            moved = reactions.keep_deadline(job.job_id, current=current)
+        from gpujobs.domain.volatility import may_change_market  # with the moves it asks for: loaded on use
+
+        if may_change_market(current):
+            moved = reactions.keep_market(job.job_id, current=current)
             current = moved.job or current
             if moved.outcome is Outcome.MARKET_CHANGED:
-                report.count(Repair.DEADLINE_MARKET_MOVES)
+                report.count(Repair.MARKET_MOVES)
         self._check_heartbeat(current, now, report, reports_throttled_at)
         settled = reactions.settle(job.job_id, current=current)
         if settled.outcome is Outcome.CHECKPOINT_RESENT:

@@ -19,7 +19,7 @@ class Repair(StrEnum):
     LAUNCHES_DEFERRED_TO_THE_NEXT_RUN = "launches deferred to the next run"
     RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN = "running repairs deferred to the next run"
     """Running jobs this run had no time left to repair; the least recently updated go first."""
-    DEADLINE_MARKET_MOVES = "deadline market moves"
+    MARKET_MOVES = "market moves"
     ATTEMPTS_SETTLED = "attempts settled"
     STOP_CHECKPOINTS_RESENT = "stop checkpoints resent"
     """A policy stop's checkpoint-now sent again: no commit newer than its request yet."""
