@@ -20,11 +20,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto import mock_aws
 
 from gpujobs_cli import bake
 from gpujobs_cli.baker import HEREDOC
 from gpujobs_cli.main import main
+from tests.cli_aws import cli_on_moto
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +49,7 @@ if argv[:2] == ["aws", "ecr"]:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
+    with cli_on_moto(monkeypatch, REGION):
         yield
 
 

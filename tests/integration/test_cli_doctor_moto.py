@@ -14,10 +14,10 @@ from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from gpujobs_cli.doctor import FAIL, OK, REQUIRED_ENDPOINTS, UNKNOWN, WARN, Doctor, Finding
 from gpujobs_cli.main import main
+from tests.cli_aws import cli_on_moto
 from tests.integration.test_every_call_is_allowed import _documented_endpoints
 
 pytestmark = pytest.mark.integration
@@ -29,11 +29,7 @@ TYPES = "g5.xlarge,p4d.24xlarge,c7i.large"
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
+    with cli_on_moto(monkeypatch, REGION):
         yield
 
 

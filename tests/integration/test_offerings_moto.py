@@ -12,7 +12,6 @@ generated from, so here the two agree.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -23,20 +22,13 @@ from moto import mock_aws
 from gpujobs.adapters.catalog import packaged_offerings
 from gpujobs.adapters.offerings import Ec2InstanceTypeOfferings
 from gpujobs.domain.offerings import offered
+from gpujobs_fakes.memory import FixedClock
 from gpujobs_fakes.offerings import FakeOfferings
 from gpujobs_local.template import properties, resources_of_type
 
 pytestmark = pytest.mark.integration
 
 REGION = "us-east-1"
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.at = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-    def now(self) -> datetime:
-        return self.at
 
 
 @pytest.fixture
@@ -66,13 +58,13 @@ def test_ec2_says_which_zones_offer_each_type(ec2: tuple[Any, list[str]]) -> Non
 
 def test_the_answer_is_kept_for_six_hours(ec2: tuple[Any, list[str]]) -> None:
     client, calls = ec2
-    clock = StepClock()
+    clock = FixedClock()
     offerings = Ec2InstanceTypeOfferings(client=client, region=REGION, clock=clock)
 
     first = offerings.zones_offering(["g5.xlarge", "g6.xlarge"])
-    clock.at += timedelta(hours=5, minutes=59)
+    clock.advance(hours=5, minutes=59)
     again = offerings.zones_offering(["g6.xlarge", "g5.xlarge"])
-    clock.at += timedelta(minutes=1)
+    clock.advance(minutes=1)
     later = offerings.zones_offering(["g5.xlarge"])
 
     assert first == again
@@ -110,12 +102,12 @@ def test_without_ec2_the_bundled_snapshot_answers_and_an_unknown_type_is_still_t
 
 def test_without_ec2_the_last_answer_stands_in_however_old(ec2: tuple[Any, list[str]]) -> None:
     flaky: Any = Unreachable(ec2[0])
-    clock = StepClock()
+    clock = FixedClock()
     snapshot = {"g5.xlarge": {REGION: frozenset({"us-east-1z"})}}
     offerings = Ec2InstanceTypeOfferings(client=flaky, region=REGION, clock=clock, bundled=lambda: snapshot)
     answered = offerings.zones_offering(["g5.xlarge"])
     flaky.down = True
-    clock.at += timedelta(days=2)
+    clock.advance(days=2)
 
     assert offerings.zones_offering(["g5.xlarge"]) == answered
     assert answered["g5.xlarge"] != frozenset({"us-east-1z"})  # EC2's answer, not the snapshot's
