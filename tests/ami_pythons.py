@@ -14,6 +14,7 @@ an error: the check that the bootstrap runs on 3.9 and 3.10 must not pass by not
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
@@ -63,13 +64,17 @@ def ami_python(version: str) -> Path:
     python = venv / "bin" / "python"
     stamp = venv / ".gpujobs-requirements"
     wanted = f"{interpreter}\n{hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()}\n"
-    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+    # pytest-xdist's workers all ask at once on a fresh clone: one makes the environment, the
+    # others wait for it (without the lock one worker's rmtree ran under another's pip install)
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        _run([str(interpreter), "-m", "venv", str(venv)])
+        _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(REQUIREMENTS)])
+        stamp.write_text(wanted)
         return python
-    shutil.rmtree(venv, ignore_errors=True)
-    _run([str(interpreter), "-m", "venv", str(venv)])
-    _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(REQUIREMENTS)])
-    stamp.write_text(wanted)
-    return python
 
 
 def _run(argv: list[str]) -> None:

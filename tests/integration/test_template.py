@@ -722,6 +722,12 @@ def test_every_function_that_may_launch_gets_the_launch_permissions_submit_has()
         assert _allowing(statements, "ec2:CreateTags"), logical_id
         assert _allowing(statements, "ec2:DescribeInstances"), logical_id
         assert _allowing(statements, "ssm:GetParameters"), logical_id
+        # every launch is an admission: quotas, pauses and the drain hold in each launcher (the
+        # reconciler's admission pass included), not only where jobs are submitted
+        assert properties(logical_id)["Environment"]["Variables"]["TEAMS_PARAMETER"] == {"Ref": "TeamsParameterName"}
+        assert any(
+            "parameter${TeamsParameterName}" in _resources_text(s) for s in _allowing(statements, "ssm:GetParameter")
+        )
         assert any(
             s["Resource"] == {"Fn::Sub": "${CheckpointBucket.Arn}/jobs/*"}
             for s in _allowing(statements, "s3:PutObject")

@@ -101,15 +101,15 @@ def rank(rungs: Sequence[R], reclaims: Sequence[Reclaim], *, now: datetime) -> l
     pools after every other rung (see the module docstring). Order is otherwise kept."""
     weights = risk(reclaims, now=now)
     recent = recently_reclaimed(reclaims, now=now)
-    position = {id(rung): i for i, rung in enumerate(rungs)}
     type_rank = {t: i for i, t in enumerate(dict.fromkeys(r.instance_type for r in rungs))}
     market_rank = {m: i for i, m in enumerate(dict.fromkeys(r.market for r in rungs))}
 
-    def key(rung: R) -> tuple[int, int, int, float, int]:
-        spot = rung.market is Market.SPOT
+    def key(numbered: tuple[int, R]) -> tuple[int, int, int, float, int]:
+        position, rung = numbered
         pool = (rung.instance_type, rung.zone)
+        spot = rung.market is Market.SPOT
         late = 1 if spot and pool in recent else 0
         weight = weights.get(pool, 0.0) if spot else 0.0
-        return (late, market_rank[rung.market], type_rank[rung.instance_type], weight, position[id(rung)])
+        return (late, market_rank[rung.market], type_rank[rung.instance_type], weight, position)
 
-    return sorted(rungs, key=key)
+    return [rung for _, rung in sorted(enumerate(rungs), key=key)]
