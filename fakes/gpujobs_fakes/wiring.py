@@ -20,7 +20,7 @@ from gpujobs.service.ports import Ports
 from gpujobs.service.reactions import Reactions
 from gpujobs.service.reconcile import Reconciler
 from gpujobs.service.reports import Reports
-from gpujobs_fakes.evidence import InMemoryPoolEvidence
+from gpujobs_fakes.evidence import FixedPlacementScores, InMemoryPoolEvidence
 from gpujobs_fakes.memory import (
     FakeCompute,
     FakeServiceQuotas,
@@ -61,6 +61,7 @@ def fake_ports(**overrides: Any) -> Ports:
         "jitter": lambda: 0.5,
         "quotas": FakeServiceQuotas(),
         "pool_evidence": InMemoryPoolEvidence(),
+        "placement_scores": FixedPlacementScores(),
     }
     if "compute" not in overrides:
         defaults["compute"] = FakeCompute(clock=clock)

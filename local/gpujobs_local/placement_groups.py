@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 REGION_LIMIT = 500
 _URL = "https://ec2.amazonaws.com/"
 _CONTEXT_KEY = "gpujobs_local_placement_group"
-_PARAMS_KEY = "gpujobs_local_params"
+PARAMS_KEY = "gpujobs_local_params"
+"""Where `keep_params` leaves a request's API parameters for the before-call hooks."""
 
 Hook = Callable[..., Any]
 
@@ -47,7 +48,7 @@ class PlacementGroups:
     def install(self, register: Callable[[str, Hook], None]) -> None:
         # before-call sees the serialized request; the API parameters are kept for it here.
         for operation in ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup", "RunInstances"):
-            register(f"before-parameter-build.ec2.{operation}", _keep_params)
+            register(f"before-parameter-build.ec2.{operation}", keep_params)
         register("before-call.ec2.CreatePlacementGroup", self._create)
         register("before-call.ec2.DescribePlacementGroups", self._describe)
         register("before-call.ec2.DeletePlacementGroup", self._delete)
@@ -56,7 +57,7 @@ class PlacementGroups:
 
     # ---- hooks -----------------------------------------------------------------------------
     def _create(self, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-        params = context[_PARAMS_KEY]
+        params = context[PARAMS_KEY]
         name = params["GroupName"]
         if name in self.groups:
             return _error("InvalidPlacementGroup.Duplicate", f"The placement group '{name}' already exists.")
@@ -70,15 +71,15 @@ class PlacementGroups:
         }
         self.groups[name] = _Group(name, tags)
         self.most_at_once = max(self.most_at_once, len(self.groups))
-        return _ok({"PlacementGroup": self._described(self.groups[name])})
+        return ok({"PlacementGroup": self._described(self.groups[name])})
 
     def _describe(self, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-        params = context[_PARAMS_KEY]
+        params = context[PARAMS_KEY]
         found = [self._described(g) for g in self.groups.values() if _matches(g, params.get("Filters", []))]
-        return _ok({"PlacementGroups": found})
+        return ok({"PlacementGroups": found})
 
     def _delete(self, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]]:
-        params = context[_PARAMS_KEY]
+        params = context[PARAMS_KEY]
         name = params["GroupName"]
         group = self.groups.get(name)
         if group is None:
@@ -86,10 +87,10 @@ class PlacementGroups:
         if self._unterminated(group.instance_ids):
             return _error("InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use.")
         del self.groups[name]
-        return _ok({})
+        return ok({})
 
     def _check_launch(self, context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
-        name = context[_PARAMS_KEY].get("Placement", {}).get("GroupName")
+        name = context[PARAMS_KEY].get("Placement", {}).get("GroupName")
         if not name:
             return None
         if name not in self.groups:
@@ -123,8 +124,8 @@ class PlacementGroups:
         }
 
 
-def _keep_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-    context[_PARAMS_KEY] = params
+def keep_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+    context[PARAMS_KEY] = params
 
 
 def _matches(group: _Group, filters: list[dict[str, Any]]) -> bool:
@@ -144,7 +145,7 @@ def _headers() -> HTTPHeaders:
     return cast("HTTPHeaders", {})
 
 
-def _ok(body: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
+def ok(body: dict[str, Any]) -> tuple[AWSResponse, dict[str, Any]]:
     return AWSResponse(_URL, 200, _headers(), None), {**body, "ResponseMetadata": {"HTTPStatusCode": 200}}
 
 

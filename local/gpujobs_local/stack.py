@@ -40,6 +40,7 @@ from gpujobs.domain.report_auth import sign
 from gpujobs.instance.rundoc import extract_run_json
 from gpujobs_local import template
 from gpujobs_local.placement_groups import PlacementGroups
+from gpujobs_local.spot_scores import SpotScores
 from gpujobs_local.streams import TableStream, filter_patterns
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +82,9 @@ class MotoStack:
         # moto gap: placement groups are not implemented. Answer them here, as EC2 would.
         self.placement_groups = PlacementGroups(region=REGION)
         self.placement_groups.install(self.on_aws)
+        # moto gap: spot placement scores. Every zone scored alike (local/gpujobs_local/spot_scores.py).
+        self.spot_scores = SpotScores(region=REGION)
+        self.spot_scores.install(self.on_aws)
         # moto gap: its Lambda runs functions in docker. A direct invocation of the credentials
         # function (the bootstrap's) runs the real handler in this process instead.
         self.on_aws("before-send.lambda.Invoke", self._invoke_directly)

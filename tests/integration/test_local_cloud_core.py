@@ -102,6 +102,10 @@ def test_a_spec_sent_to_the_queue_is_recorded_and_launched(cloud: LocalCloud) ->
     store = DynamoJobStore(table_name=cloud.outputs["JobsTableName"], client=cloud.client("dynamodb"))
     assert store.get(tags["gpujobs:job-id"]).state is JobState.RUNNING
     assert instance["InstanceType"] == "g5.xlarge"
+    # the spot ladder asked EC2's advice (answered by the local cloud: every zone alike, so the
+    # subnets' order stands) and went on to launch
+    assert cloud.stack is not None
+    assert cloud.stack.spot_scores.asked >= 1
     (submit,) = seen.to("SubmitFunction")
     assert submit.kind == "SQS"
     assert submit.ok

@@ -35,6 +35,7 @@ from gpujobs.domain.job import Admission, Job, Market
 from gpujobs.domain.job_access import job_prefix
 from gpujobs.domain.launching import LEASE_MARGIN
 from gpujobs.domain.ledger import gpus_of, holds, truth, waits
+from gpujobs.domain.pools import reclaims_of
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
@@ -44,6 +45,7 @@ from gpujobs.domain.volatility import SPOT_RECLAIMS, VOLATILE_COUNT, VOLATILE_WI
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, JobNotFoundError, LaunchRequest, QuotaExceededError
 from gpujobs.service.repairs import Repair
+from gpujobs_fakes.evidence import FixedPlacementScores
 from gpujobs_fakes.memory import FixedClock, StaticTeamConfig
 from tests.service.conftest import World
 from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
@@ -158,6 +160,8 @@ class SimulatedCloud:
     """Per job, the highest sequence published so far (each first published right after the one before)."""
     moves_broken_early: list[str] = field(default_factory=list)
     """Moved attempts the control plane terminated before their replacement's gang was up."""
+    zone_orders_broken: list[str] = field(default_factory=list)
+    """Walks that tried a spot zone EC2 scored lower before a higher-scored one (`domain.pools`)."""
     warned: set[str] = field(default_factory=set)
     """Instances EC2 sent a spot warning for."""
     teams: StaticTeamConfig | None = None
@@ -171,6 +175,9 @@ class SimulatedCloud:
     def __post_init__(self) -> None:
         world = self.world
         world.clock.current = START
+        # the fakes themselves, beneath the fault-injecting wrappers: what the sequence sets and reads
+        self.scores: FixedPlacementScores = world.ports.placement_scores  # type: ignore[assignment]
+        self.evidence = world.ports.pool_evidence
         self.last_reconcile = START
         world.rewire(
             **wrap_ports(world.ports, self.plan, is_port=is_fake),
@@ -194,6 +201,7 @@ class SimulatedCloud:
         self.spent_seconds = 0  # a new invocation, with its own deadline
         leases = self._leases()
         fired = len(self.plan.fired)
+        calls = len(self.world.compute.calls)
         try:
             action()
         except InjectedFaultError:
@@ -202,6 +210,7 @@ class SimulatedCloud:
             return False
         finally:
             self.observe()
+            self._judge_zone_order(self.world.compute.calls[calls:])
         if len(self.plan.fired) == fired:  # it ran to its end: no walk of its may hold a job for the lease
             self.leases_left_held += [
                 f"{job_id}: a completed handler left the launch lease held until {lease}"
@@ -209,6 +218,25 @@ class SimulatedCloud:
                 if lease > self.now and leases.get(job_id) != lease
             ]
         return True
+
+    def _judge_zone_order(self, calls: list[LaunchRequest]) -> None:
+        """Within one invocation (one set of scores), a walk tries a type's spot zones that neither
+        the stack's evidence nor the job's record shows a reclaim in from the highest score to the
+        lowest (`domain.pools.rank`); zones with reclaims are ordered by them first, and not judged."""
+        reclaimed = {r.pool for r in self.evidence.recent(now=self.now)}
+        walks: dict[tuple[str, int, str], list[str]] = defaultdict(list)
+        for call in calls:
+            if call.market is Market.SPOT:
+                walks[(call.job_id, call.attempt, call.instance_type)].append(call.subnet.zone)
+        for (job_id, number, instance_type), zones in walks.items():
+            own = {r.pool for r in reclaims_of(self.world.store.get(job_id))}
+            quiet = [z for z in zones if (instance_type, z) not in reclaimed | own]
+            scored = [self.scores.scores.get(z, 0) for z in quiet]
+            if scored != sorted(scored, reverse=True):
+                self.zone_orders_broken.append(
+                    f"{job_id}: attempt {number} tried {instance_type} spot in {quiet} (scores {scored},"
+                    f" none reclaimed), not the highest-scored zone first"
+                )
 
     def _leases_past_the_invocation(self, before: dict[str, datetime]) -> None:
         """A handler killed mid-walk holds the launches it claimed no longer than its invocation
@@ -515,6 +543,7 @@ class SimulatedCloud:
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
         problems += self.moves_broken_early
+        problems += self.zone_orders_broken
         problems += self._ledger_and_quotas(jobs)
         return problems
 

@@ -4,7 +4,7 @@ Hypothesis plays random sequences against the service layer wired to the in-memo
 (`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
 invocations with little time left (a walk cut short mid-ladder), deadlines and their market moves,
 spot warnings and reclaims (one at a time, or a storm across every pool; spot room lost and back
-everywhere at once), volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
+everywhere at once), EC2's spot placement scores changing, volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
 changes delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler
 runs, reads of the table's stream by the Publisher function (late, or failing), team quotas, fair
@@ -135,6 +135,12 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         for pool in POOLS:
             if pool[2] == "spot":
                 self.cloud.set_capacity(pool, available=available)
+
+    @rule(scores=st.dictionaries(st.sampled_from(("us-east-1a", "us-east-1b")), st.integers(1, 10)))
+    def placement_scores_change(self, scores: dict[str, int]) -> None:
+        """EC2's advice on spot capacity per zone changes (a zone left out is not scored); walks
+        try quiet zones from the highest score down (`SimulatedCloud._judge_zone_order`)."""
+        self.cloud.scores.scores = scores
 
     @rule(which=pick)
     def rebalance_recommendation(self, which: int) -> None:

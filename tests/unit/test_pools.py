@@ -83,3 +83,64 @@ def test_a_reclaim_weighs_half_as_much_every_half_life_and_nothing_past_the_hori
 def test_a_reclaim_recorded_twice_counts_once() -> None:
     twice = [reclaim("a", 1, key="j-1#2"), reclaim("a", 1, key="j-1#2")]
     assert risk(twice, now=NOW) == risk(twice[:1], now=NOW)
+
+
+# ---- EC2's spot placement scores: after the stack's own reclaims, before the subnets' order ----
+
+
+def test_zones_the_stack_has_no_reclaims_in_go_by_their_placement_score_highest_first() -> None:
+    scores = {"us-east-1a": 3, "us-east-1b": 9, "us-east-1c": 6}
+    ladder = plan_ladder(spec("g5.xlarge"), ZONES, markets=BOTH, now=NOW, zone_scores=scores)
+    assert order(ladder) == [
+        ("g5.xlarge", "b", "spot"),
+        ("g5.xlarge", "c", "spot"),
+        ("g5.xlarge", "a", "spot"),
+        # on-demand is not spot's to score: its zones keep the subnets' order
+        *[("g5.xlarge", z, "on-demand") for z in "abc"],
+    ]
+
+
+def test_a_zone_not_scored_goes_after_those_scored_and_no_scores_keep_the_subnets_order() -> None:
+    ladder = plan_ladder(spec("g5.xlarge"), ZONES, markets=[Market.SPOT], now=NOW, zone_scores={"us-east-1c": 1})
+    assert [z for _, z, _ in order(ladder)] == ["c", "a", "b"]
+    assert order(plan_ladder(spec("g5.xlarge"), ZONES, markets=[Market.SPOT], now=NOW, zone_scores={})) == order(
+        plan_ladder(spec("g5.xlarge"), ZONES, markets=[Market.SPOT])
+    )
+
+
+def test_the_stacks_own_reclaims_come_before_a_high_score_but_a_day_old_one_does_not() -> None:
+    scores = {"us-east-1a": 10, "us-east-1b": 2, "us-east-1c": 5}
+    two_this_morning = [reclaim("a", 2, key="j-1#1"), reclaim("a", 4, key="j-2#1")]
+    ladder = plan_ladder(
+        spec("g5.xlarge"), ZONES, markets=[Market.SPOT], reclaims=two_this_morning, now=NOW, zone_scores=scores
+    )
+    assert [z for _, z, _ in order(ladder)] == ["c", "b", "a"]
+    # one reclaim a day ago weighs 1/16 of a fresh one: to the nearest whole reclaim, none, so the score decides
+    a_day_ago = [reclaim("a", 24, key="j-3#1")]
+    ladder = plan_ladder(
+        spec("g5.xlarge"), ZONES, markets=[Market.SPOT], reclaims=a_day_ago, now=NOW, zone_scores=scores
+    )
+    assert [z for _, z, _ in order(ladder)] == ["a", "c", "b"]
+
+
+def test_a_pool_reclaimed_minutes_ago_goes_last_however_high_its_score() -> None:
+    ladder = plan_ladder(
+        spec("g5.xlarge"),
+        ZONES,
+        markets=BOTH,
+        reclaims=[reclaim("b", 0.1, key="j-1#1")],
+        now=NOW,
+        zone_scores={"us-east-1a": 1, "us-east-1b": 10, "us-east-1c": 1},
+    )
+    assert order(ladder)[-1] == ("g5.xlarge", "b", "spot")
+    assert order(ladder)[:2] == [("g5.xlarge", "a", "spot"), ("g5.xlarge", "c", "spot")]
+
+
+def test_scores_never_reorder_the_spec_types_or_the_markets() -> None:
+    ladder = plan_ladder(
+        spec("g5.xlarge", "g6.xlarge"), ZONES, markets=BOTH, now=NOW, zone_scores={"us-east-1c": 10, "us-east-1a": 4}
+    )
+    assert [(t, m) for t, _, m in order(ladder)] == [
+        (t, m) for m in ("spot", "on-demand") for t in ("g5.xlarge", "g6.xlarge") for _ in "abc"
+    ]
+    assert [z for t, z, m in order(ladder) if m == "spot" and t == "g6.xlarge"] == ["c", "a", "b"]

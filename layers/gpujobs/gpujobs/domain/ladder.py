@@ -13,7 +13,7 @@ every other rung (the job's own just-reclaimed pool among them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -105,17 +105,19 @@ def plan_ladder(
     markets: Sequence[Market],
     reclaims: Sequence[pools.Reclaim] = (),
     now: datetime | None = None,
+    zone_scores: Mapping[str, int] | None = None,
 ) -> list[Rung]:
     """Every rung to try: market-major (in `markets`' order), then the spec's type order, then zones;
-    spot pools reordered by the evidence in `reclaims` as of `now` (`domain.pools.rank`)."""
+    spot pools reordered by the evidence in `reclaims` as of `now` and EC2's placement scores of the
+    zones (`domain.pools.rank`)."""
     rungs = [
         Rung(instance_type=t, subnet_id=s.subnet_id, zone=s.zone, market=m)
         for m in markets
         for t in spec.instance_types
         for s in subnets
     ]
-    if reclaims and now is not None:
-        rungs = pools.rank(rungs, reclaims, now=now)
+    if (reclaims or zone_scores) and now is not None:
+        rungs = pools.rank(rungs, reclaims, now=now, zone_scores=zone_scores)
     return rungs
 
 

@@ -18,13 +18,19 @@ the user's order, then zones. Evidence reorders only what nothing else orders:
   a pool's instances one job after another within minutes), and a replacement launched into such a
   pool boots for nine minutes only to be reclaimed again.
 
+Between zones the stack has no reclaims in (or as many, to the nearest whole reclaim: one a day
+old weighs 1/16), EC2's own spot placement score for the zone goes next, highest first: AWS's
+forecast of spot capacity for the job's types and node count in that zone (1 to 10; a zone AWS did
+not score counts as 0, and without scores the order is the subnets'). The stack's own reclaims come
+before it because they are about this account's pools today; a score is advice for any account.
+
 Nothing here is fitted to a trace: the half-life is the volatility rule's window and `RECENT` is
 about three replacement boots.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, TypeVar
@@ -96,20 +102,25 @@ def recently_reclaimed(reclaims: Iterable[Reclaim], *, now: datetime) -> set[tup
     return {r.pool for r in reclaims if timedelta(0) <= now - r.at <= RECENT}
 
 
-def rank(rungs: Sequence[R], reclaims: Sequence[Reclaim], *, now: datetime) -> list[R]:
-    """The ladder's rungs with each type's spot zones in order of evidence and recently reclaimed spot
-    pools after every other rung (see the module docstring). Order is otherwise kept."""
+def rank(
+    rungs: Sequence[R], reclaims: Sequence[Reclaim], *, now: datetime, zone_scores: Mapping[str, int] | None = None
+) -> list[R]:
+    """The ladder's rungs with each type's spot zones in order of evidence (the stack's reclaims,
+    then `zone_scores`: zone -> EC2's spot placement score) and recently reclaimed spot pools after
+    every other rung (see the module docstring). Order is otherwise kept."""
     weights = risk(reclaims, now=now)
     recent = recently_reclaimed(reclaims, now=now)
+    scores = zone_scores or {}
     type_rank = {t: i for i, t in enumerate(dict.fromkeys(r.instance_type for r in rungs))}
     market_rank = {m: i for i, m in enumerate(dict.fromkeys(r.market for r in rungs))}
 
-    def key(numbered: tuple[int, R]) -> tuple[int, int, int, float, int]:
+    def key(numbered: tuple[int, R]) -> tuple[int, int, int, int, int, float, int]:
         position, rung = numbered
         pool = (rung.instance_type, rung.zone)
         spot = rung.market is Market.SPOT
         late = 1 if spot and pool in recent else 0
         weight = weights.get(pool, 0.0) if spot else 0.0
-        return (late, market_rank[rung.market], type_rank[rung.instance_type], weight, position)
+        score = scores.get(rung.zone, 0) if spot else 0
+        return (late, market_rank[rung.market], type_rank[rung.instance_type], round(weight), -score, weight, position)
 
     return [rung for _, rung in sorted(enumerate(rungs), key=key)]

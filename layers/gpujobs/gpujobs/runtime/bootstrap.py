@@ -188,6 +188,7 @@ def build_ports(settings: Settings) -> Ports:
     # Imported here, not at the top: the handlers configure Powertools (observability) from their own
     # environment when they are imported; wiring must not create its logger and metrics earlier.
     from gpujobs.adapters.offerings import Ec2InstanceTypeOfferings
+    from gpujobs.adapters.placement_scores import Ec2PlacementScores
     from gpujobs.adapters.pool_evidence import DynamoPoolEvidence
     from gpujobs.adapters.quotas import Ec2ServiceQuotas
     from gpujobs.runtime.observability import EmfMetrics, count_record_too_large
@@ -224,6 +225,7 @@ def build_ports(settings: Settings) -> Ports:
         quotas=Ec2ServiceQuotas(client=service_quotas_client(settings)),
         pool_evidence=DynamoPoolEvidence(table_name=settings.table_name, client=dynamodb),
         offerings=Ec2InstanceTypeOfferings(client=ec2, region=settings.region),
+        placement_scores=Ec2PlacementScores(client=ec2, region=settings.region),
         time_left=TIME_LEFT,
         reports_throttled_at=reports_throttles(settings),
     )

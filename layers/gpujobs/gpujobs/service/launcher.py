@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpujobs.domain.effects import Decision
 from gpujobs.domain.gangs import is_partial_gang, placement_group_of, started_over
 from gpujobs.domain.hardware import efa_interfaces
-from gpujobs.domain.job import Attempt, Job, LaunchTry
+from gpujobs.domain.job import Attempt, Job, LaunchTry, Market
 from gpujobs.domain.job_access import session_policy_json, session_tags
 from gpujobs.domain.ladder import (
     PLACEMENT_GROUP_LIMIT_EXCEEDED,
@@ -198,13 +198,19 @@ class Launcher:
     def _plan(
         self, job: Job, attempt: Attempt, *, spot_only: bool, now: datetime
     ) -> list[Rung] | tuple[JobState, Reason, str]:
-        """The rungs to walk (`domain.ladder`, ranked by the spot evidence), less the zones that do not
+        """The rungs to walk (`domain.ladder`, ranked by the reclaims and placement scores), less the zones that do not
         offer a type and the families the team's quota has filled; or why the walk ends before it
         starts (no zone offers any type: FAILED; every family is full: the job waits)."""
         spec = job.require_spec()
         subnets = [SubnetZone(s.subnet_id, s.zone) for s in self.ports.compute.subnets()]
         markets = job_markets(job, now=now, spot_only=spot_only)
-        planned = plan_ladder(spec, subnets, markets=markets, reclaims=self._evidence(job, attempt, now), now=now)
+        reclaims = self._evidence(job, attempt, now)
+        scores = (
+            self.ports.placement_scores.zone_scores(spec.instance_types, nodes=spec.nodes)
+            if Market.SPOT in markets
+            else {}
+        )
+        planned = plan_ladder(spec, subnets, markets=markets, reclaims=reclaims, now=now, zone_scores=scores)
         ladder = self._offered(job, planned)
         if planned and not ladder:
             zones = ", ".join(sorted({s.zone for s in subnets}))

@@ -22,7 +22,7 @@ from gpujobs.domain.job import Job, Market
 from gpujobs.domain.ledger import Ledger
 from gpujobs.domain.states import JobState
 from gpujobs.service.offerings import InstanceTypeOfferings, UndescribedOfferings
-from gpujobs.service.pool_evidence import NoEvidence, PoolEvidence
+from gpujobs.service.pool_evidence import NoEvidence, NoPlacementScores, PlacementScores, PoolEvidence
 from gpujobs.service.store_errors import (
     AdmissionRefusedError,
     ConcurrentUpdateError,
@@ -433,6 +433,8 @@ class Ports:
     """When the Reports function was last throttled, in the hour before now (`domain.hangs`)."""
     pool_evidence: PoolEvidence = field(default_factory=NoEvidence)
     """The stack's recent spot reclaims per pool (`domain.pools`); the default records none."""
+    placement_scores: PlacementScores = field(default_factory=NoPlacementScores)
+    """EC2's spot placement score per zone (`domain.pools`); the default scores none."""
     offerings: InstanceTypeOfferings = field(default_factory=UndescribedOfferings)
     """The zones offering each type (`domain.offerings.offered`); the default describes none, so all are tried."""
     time_left: Callable[[], timedelta | None] = _no_deadline
