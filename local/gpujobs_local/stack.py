@@ -40,6 +40,7 @@ from gpujobs.domain.report_auth import sign
 from gpujobs.instance.rundoc import extract_run_json
 from gpujobs_local import template
 from gpujobs_local.placement_groups import PlacementGroups
+from gpujobs_local.price_list import PriceList
 from gpujobs_local.spot_scores import SpotScores
 from gpujobs_local.streams import TableStream, filter_patterns
 
@@ -79,15 +80,7 @@ class MotoStack:
     def __post_init__(self) -> None:
         stack = self.stack_name
         boto3.setup_default_session()
-        # moto gap: placement groups are not implemented. Answer them here, as EC2 would.
-        self.placement_groups = PlacementGroups(region=REGION)
-        self.placement_groups.install(self.on_aws)
-        # moto gap: spot placement scores. Every zone scored alike (local/gpujobs_local/spot_scores.py).
-        self.spot_scores = SpotScores(region=REGION)
-        self.spot_scores.install(self.on_aws)
-        # moto gap: its Lambda runs functions in docker. A direct invocation of the credentials
-        # function (the bootstrap's) runs the real handler in this process instead.
-        self.on_aws("before-send.lambda.Invoke", self._invoke_directly)
+        self._answer_what_moto_cannot()
         # Any: what it describes is read back as plain dicts (the tour, the tests).
         self.ec2: Any = boto3.client("ec2", region_name=REGION)
         self.sqs = boto3.client("sqs", region_name=REGION)
@@ -247,6 +240,20 @@ class MotoStack:
         if result is None:
             return None
         return AWSResponse(request.url, 200, HTTPHeaders(), _Raw(result))
+
+    def _answer_what_moto_cannot(self) -> None:
+        # Placement groups are not implemented: answered here, as EC2 would.
+        self.placement_groups = PlacementGroups(region=REGION)
+        self.placement_groups.install(self.on_aws)
+        # Spot placement scores: every zone scored alike (local/gpujobs_local/spot_scores.py).
+        self.spot_scores = SpotScores(region=REGION)
+        self.spot_scores.install(self.on_aws)
+        # The Price List: the packaged us-east-1 prices (local/gpujobs_local/price_list.py).
+        self.price_list = PriceList(region=REGION)
+        self.price_list.install(self.on_aws)
+        # Its Lambda runs functions in docker. A direct invocation of the credentials function (the
+        # bootstrap's) runs the real handler in this process instead.
+        self.on_aws("before-send.lambda.Invoke", self._invoke_directly)
 
     def on_aws(self, event: str, hook: Callable[..., Any]) -> None:
         """Register a botocore hook for every client the code under test creates from now on."""

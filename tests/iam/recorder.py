@@ -120,6 +120,9 @@ class Recorder:
     def before_call(
         self, model: Any, params: dict[str, Any], request_signer: Any, context: dict[str, Any], **_: Any
     ) -> None:
+        if context.get("gpujobs_ledger_recorded"):  # its specific handler (ANSWERED_BY_HOOKS) ran first
+            return
+        context["gpujobs_ledger_recorded"] = True
         api_params = context.get("gpujobs_ledger_params", {})
         service = model.service_model.service_name
         region = getattr(request_signer, "_region_name", "") or ""
@@ -218,11 +221,27 @@ def _plain(value: Any) -> Any:
 RECORDER = Recorder()
 
 
+ANSWERED_BY_HOOKS = (
+    "ec2.CreatePlacementGroup",
+    "ec2.DescribePlacementGroups",
+    "ec2.DeletePlacementGroup",
+    "ec2.RunInstances",
+    "ec2.GetSpotPlacementScores",
+    "pricing.GetProducts",
+)
+"""Calls the local cloud answers itself where moto cannot (`gpujobs_local.stack`), with a
+`before-call.<service>.<operation>` hook that returns the response. botocore calls the handlers of
+the most specific event first and stops at the first response, so the plain `before-call` handler
+would never see these calls; one on the same event, registered with the session (before the stack's
+hooks), does."""
+
+
 def install() -> Recorder:
     """Give every botocore session created from now on the recording handlers (idempotent)."""
     handlers = [
         ("before-parameter-build", RECORDER.before_parameter_build),
         ("before-call", RECORDER.before_call),
+        *((f"before-call.{operation}", RECORDER.before_call) for operation in ANSWERED_BY_HOOKS),
         ("after-call.sts.AssumeRole", RECORDER.after_assume_role),
     ]
     if handlers[0] not in botocore.handlers.BUILTIN_HANDLERS:

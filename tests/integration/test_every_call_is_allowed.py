@@ -226,7 +226,9 @@ def _run_flows(stack: MotoStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             stack.eventbridge("gpujobs.instance", "Job Exited", stack.signed_by(second, "Job Exited", exited)),
         )
         # a two-node EFA gang: several interfaces per instance, none may name a public IP
-        _submit(stack, nodes=2, instance_types=["p4d.24xlarge"], checkpoint="none")
+        # (capped: the reconciler's run prices it from the Price List)
+        _submit(stack, nodes=2, instance_types=["p4d.24xlarge"], checkpoint="none", max_cost_usd=1000.0)
+        _invoke("reconciler", {"source": "aws.scheduler"})
         # an on-demand job that saves its own files goes idle: its instance is stopped at once
         idle = _submit(stack, checkpoint="directory", capacity="on-demand")
         _invoke("idle", _idle_alarm(stack, idle.instance_ids[0]))
@@ -276,6 +278,10 @@ def test_the_flows_reach_every_role_the_stack_defines_and_the_calls_the_issue_na
     assert ("CredentialsFunction", "sts", "AssumeRole") in made
     assert {("InstanceRole", "ecr", "BatchGetImage"), ("InstanceRole", "ecr", "GetAuthorizationToken")} <= made
     assert ("PublisherFunction", "events", "PutEvents") in made
+    # calls the local cloud answers itself where moto cannot are judged too (tests/iam/recorder.py)
+    assert ("SubmitFunction", "ec2", "CreatePlacementGroup") in made  # the EFA gang's
+    assert ("SubmitFunction", "ec2", "GetSpotPlacementScores") in made  # a spot ladder ranked by EC2's advice
+    assert ("ReconcilerFunction", "pricing", "GetProducts") in made  # a cost cap priced in the stack's region
     assert {("ReconcilerFunction", "s3", "ListObjectsV2"), ("ReconcilerFunction", "s3", "DeleteObjects")} <= made
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import boto3
 import pytest
@@ -28,6 +29,33 @@ def reclaim(hours_ago: float, key: str, zone: str = "us-east-1a") -> Reclaim:
     return Reclaim("g5.xlarge", zone, NOW - timedelta(hours=hours_ago), key)
 
 
+class OneRequestAtATime:
+    """The client, each request applied whole before the next: DynamoDB applies a conditional update
+    atomically, moto does not under threads (two `attribute_not_exists` writes could both pass). The
+    requests of concurrent recorders still interleave freely, so their lost races are real."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self._lock = client, threading.Lock()
+        self.exceptions = client.exceptions
+        self.first_requests_meet: threading.Barrier | None = None
+        """Set: each thread's first request waits, once applied, for every other thread's first."""
+        self._met: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._client, name)
+
+        def applied_whole(**kwargs: Any) -> Any:
+            try:
+                with self._lock:
+                    return call(**kwargs)
+            finally:
+                if self.first_requests_meet is not None and threading.get_ident() not in self._met:
+                    self._met.add(threading.get_ident())
+                    self.first_requests_meet.wait(timeout=10)
+
+        return applied_whole
+
+
 @pytest.fixture(params=["dynamodb", "memory"])
 def evidence(request: pytest.FixtureRequest, aws_credentials: None) -> Iterator[PoolEvidence]:
     if request.param == "memory":
@@ -36,7 +64,7 @@ def evidence(request: pytest.FixtureRequest, aws_credentials: None) -> Iterator[
     with mock_aws():
         dynamodb = boto3.client("dynamodb", region_name="us-east-1")
         dynamodb.create_table(**table_definition(table_name="t"))
-        yield DynamoPoolEvidence(table_name="t", client=dynamodb)
+        yield DynamoPoolEvidence(table_name="t", client=OneRequestAtATime(dynamodb))  # type: ignore[arg-type]
 
 
 def test_reclaims_are_read_back_across_days_once_each_and_only_within_the_horizon(evidence: PoolEvidence) -> None:
@@ -54,11 +82,16 @@ def test_reclaims_are_read_back_across_days_once_each_and_only_within_the_horizo
 
 
 def test_concurrent_recorders_of_one_pool_keep_every_entry(evidence: PoolEvidence) -> None:
+    client = getattr(evidence, "_ddb", None)
+    if isinstance(client, OneRequestAtATime):  # all find no map first, so all race to make it: seven lose
+        client.first_requests_meet = threading.Barrier(8)
     threads = [threading.Thread(target=evidence.record, args=([reclaim(0.1, f"j-{i}#1")],)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if isinstance(client, OneRequestAtATime):
+        client.first_requests_meet = None
     assert sorted(r.key for r in evidence.recent(now=NOW)) == sorted(f"j-{i}#1" for i in range(8))
 
 

@@ -788,6 +788,19 @@ def test_only_the_reconciler_and_the_budget_function_read_budgets_and_spot_price
         }
 
 
+def test_only_the_reconciler_which_prices_the_cost_caps_reads_the_price_list() -> None:
+    readers = {
+        logical_id
+        for logical_id in resources_of_type("AWS::Serverless::Function")
+        if _allowing(_function_statements(logical_id), "pricing:GetProducts")
+    }
+
+    assert readers == {"ReconcilerFunction"}
+    (read,) = _allowing(_function_statements("ReconcilerFunction"), "pricing:GetProducts")
+    assert read["Resource"] == "*"  # GetProducts supports no resource-level permissions
+    assert as_list(read["Action"]) == ["pricing:GetProducts"]
+
+
 def test_only_the_reconciler_reads_the_reports_functions_throttles_and_it_is_told_its_name() -> None:
     """Silence while reports were throttled is no hang (domain/hangs.py): one metric read per tick."""
     readers = {

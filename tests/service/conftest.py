@@ -95,3 +95,18 @@ def spec(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+def stopped_for_cost_after(world: World, job_id: str, *, minutes: int) -> bool:
+    """The reconciler leaves the job alone a minute before `minutes` of running and asks it to stop
+    for its cost cap (`max-cost`) a minute after; False if the stop came early or not at all."""
+    from gpujobs.domain.states import Reason
+
+    world.clock.advance(minutes=minutes - 1)
+    world.reconciler.run()
+    if world.store.get(job_id).stop_request is not None:
+        return False
+    world.clock.advance(minutes=2)
+    world.reconciler.run()
+    request = world.store.get(job_id).stop_request
+    return request is not None and request.reason is Reason.MAX_COST

@@ -10,7 +10,7 @@ from gpujobs.domain.job import Job
 from gpujobs.domain.launching import LAUNCH_LEASE
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
-from tests.service.conftest import World, spec
+from tests.service.conftest import World, spec, stopped_for_cost_after
 
 
 def running(world: World, message_id: str = "msg-1", **overrides: object) -> Job:
@@ -149,15 +149,7 @@ def test_a_job_past_its_max_runtime_is_checkpointed_then_stopped(world: World) -
 def test_a_job_past_its_max_cost_is_stopped(world: World) -> None:
     job = running(world, max_cost_usd=1.0)  # g5.xlarge spot at $0.50/h here
 
-    world.clock.advance(minutes=119)
-    world.reconciler.run()
-    assert world.store.get(job.job_id).stop_request is None
-    world.clock.advance(minutes=2)
-    world.reconciler.run()
-
-    request = world.store.get(job.job_id).stop_request
-    assert request is not None
-    assert request.reason is Reason.MAX_COST
+    assert stopped_for_cost_after(world, job.job_id, minutes=120)
 
 
 def test_a_hung_trainer_whose_heartbeat_stopped_is_replaced(world: World) -> None:

@@ -1,12 +1,12 @@
-"""Hourly instance prices for cost caps: on-demand from a packaged table, spot from EC2.
+"""Hourly instance prices for cost caps: on-demand from the Price List, spot from EC2.
 
 Caps need the right order of magnitude, and when unsure they must err high. So:
-- On-demand prices come from `gpujobs/data/ondemand_prices.json` (`adapters.catalog`), us-east-1
-  Linux list prices for the stack's default allow-list and common GPU types, read once. The Pricing
-  API is not used: it answers from only two regions, returns kilobytes of JSON per type, and would
-  need one more IAM grant. A type missing
-  from the table has no price here (None); a cost cap then counts it at the highest price of its
-  family (`domain.cost.price_erring_high`), and submit refuses a `max_cost_usd` over such a type.
+- On-demand prices come from AWS's Price List for the stack's region (`adapters.price_list`,
+  deployed), cached a day, erring high while unconfirmed; without it (tests, the CLI offline) from
+  `gpujobs/data/ondemand_prices.json` (`adapters.catalog`), us-east-1 Linux list prices for the
+  stack's default allow-list and common GPU types, read once. A type neither knows has no price
+  here (None); a cost cap then counts it at the highest price of its family
+  (`domain.cost.price_erring_high`), and submit refuses a `max_cost_usd` over such a type.
 - Spot prices come from `describe_spot_price_history` at "now" for the zone, cached per (type, zone)
   for ten minutes (spot prices move slowly, and the reconciler asks for every job on every run).
   When EC2 knows no spot price, or cannot be asked, the on-demand price stands in.
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from types_boto3_ec2.literals import InstanceTypeType
     from types_boto3_ec2.type_defs import DescribeSpotPriceHistoryRequestTypeDef
 
+    from gpujobs.adapters.price_list import PriceListOnDemand
+
 log = logging.getLogger(__name__)
 
 SPOT_CACHE_TTL = timedelta(minutes=10)
@@ -45,18 +47,24 @@ def packaged_on_demand_prices() -> dict[str, float]:
 
 
 class Ec2Prices:
-    def __init__(self, *, client: EC2Client, clock: Clock | None = None) -> None:
+    def __init__(
+        self, *, client: EC2Client, clock: Clock | None = None, on_demand: PriceListOnDemand | None = None
+    ) -> None:
         self._ec2 = client
         self._clock: Clock = clock or _UtcClock()
         self._spot: dict[tuple[str, str | None], tuple[datetime, float | None]] = {}
+        self._on_demand = on_demand
 
     @property
     def on_demand_table(self) -> dict[str, float]:
-        """Instance type -> USD per hour, from the packaged table."""
-        return packaged_on_demand_prices()
+        """Instance type -> USD per hour: the Price List's as known now (without asking), else the packaged table."""
+        return self._on_demand.table() if self._on_demand is not None else packaged_on_demand_prices()
 
     def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
-        on_demand = self.on_demand_table.get(instance_type)
+        if self._on_demand is not None:
+            on_demand = self._on_demand.usd(instance_type)
+        else:
+            on_demand = packaged_on_demand_prices().get(instance_type)
         if market is Market.ON_DEMAND:
             return on_demand
         spot = self.spot_usd(instance_type=instance_type, zone=zone)

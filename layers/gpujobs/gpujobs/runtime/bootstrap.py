@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from types_boto3_ssm import SSMClient
     from types_boto3_sts import STSClient
 
+    from gpujobs.adapters.price_list import PricingClient
     from gpujobs.adapters.quotas import ServiceQuotasClient
     from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
     from gpujobs.service.budgeting import BudgetReactions
@@ -125,6 +126,14 @@ def service_quotas_client(settings: Settings) -> ServiceQuotasClient:
     return cast("ServiceQuotasClient", _LazyClient(make))
 
 
+def pricing_client(settings: Settings) -> PricingClient:
+    """The Price List's client at the endpoint nearest the stack (`adapters.price_list`), created on first use."""
+    from gpujobs.adapters.price_list import price_list_region
+
+    make = functools.partial(boto3.client, "pricing", region_name=price_list_region(settings.region), config=_CONFIG)
+    return cast("PricingClient", _LazyClient(make))
+
+
 _CREATING = threading.Lock()
 """boto3's default session is not safe to create clients from on two threads at once (the local
 cloud runs handlers on several)."""
@@ -190,6 +199,7 @@ def build_ports(settings: Settings) -> Ports:
     from gpujobs.adapters.offerings import Ec2InstanceTypeOfferings
     from gpujobs.adapters.placement_scores import Ec2PlacementScores
     from gpujobs.adapters.pool_evidence import DynamoPoolEvidence
+    from gpujobs.adapters.price_list import PriceListOnDemand
     from gpujobs.adapters.quotas import Ec2ServiceQuotas
     from gpujobs.runtime.observability import EmfMetrics, count_record_too_large
 
@@ -213,7 +223,9 @@ def build_ports(settings: Settings) -> Ports:
         signaller=SsmSignaller(client=ssm, document_name=settings.checkpoint_document),
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=dynamodb),
         report_keys=report_keys(settings),
-        prices=Ec2Prices(client=ec2),
+        prices=Ec2Prices(
+            client=ec2, on_demand=PriceListOnDemand(client=pricing_client(settings), region=settings.region)
+        ),
         render_user_data=StoredBootstrapUserData(blobs, bucket=settings.checkpoint_bucket, region=settings.region),
         teams=SsmTeamConfig(client=ssm, parameter_name=settings.teams_parameter) if settings.teams_parameter else None,
         budget_has_room=BudgetsApiCheck(
