@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState
 from tests.service.cloud import CONFIG_ERROR_CODES, EXIT_CODES, FAULT_TIMINGS, MARKETS, Delivery, SimulatedCloud
 from tests.service.conftest import spec
@@ -405,3 +406,21 @@ def test_a_moved_attempt_whose_replacement_walk_keeps_pausing_trains_on_until_th
     assert job.state is JobState.RUNNING
     assert job.current_attempt is not None
     assert job.current_attempt.number > gang[1]
+
+
+def test_a_return_to_spot_due_when_a_storms_reclaims_turn_six_hours_old_waits_until_they_have_left_the_window() -> None:
+    """The soak's find: three spot storms at one instant reclaim a spot-first job three times and send
+    it to on-demand; 6 h later its wait for spot is over at the very instant its reclaims are 6 h old,
+    still within the volatility window. The move back must wait until they have left it."""
+    state = ControlPlaneUnderChaos()
+    state.jobs_are_submitted(variants=[0], teams=0)
+    state.deliver_everything()
+    for _ in range(3):
+        state.spot_storm()
+        state.deliver_everything()
+    state.time_passes(seconds=7 * 3600)
+    state.nothing_is_broken()
+    [job] = state.cloud.jobs()
+    assert [a.market for a in job.attempts] == [Market.SPOT] * 3 + [Market.ON_DEMAND, Market.SPOT]
+    assert job.attempts[-1].started_at - job.attempts[-2].started_at > timedelta(hours=6)
+    state.teardown()

@@ -195,3 +195,17 @@ def test_no_move_back_that_a_launch_could_not_make_or_that_would_lose_the_work(
 def test_a_job_with_a_deadline_is_left_to_its_deadline() -> None:
     deadline = {"hours": 100, "expected_hours": 10, "total_steps": 100}
     assert back_to_spot(job_with([], on_demand_from=0, deadline=deadline), now=at(20), allowed=BOTH).job is None
+
+
+def test_no_return_while_the_reclaims_are_still_within_the_window_even_when_the_wait_is_over() -> None:
+    """Three reclaims at one instant (a storm) send the job to on-demand at that instant; its wait of
+    6 h ends exactly when the reclaims are 6 h old, still within the window: the move back waits
+    until they have left it, so a return to spot is never a launch on volatile spot (the soak found it)."""
+    stay = job_with([3, 3, 3], on_demand_from=3)
+    held = back_to_spot(stay, now=at(9), allowed=BOTH)
+    assert held.job is None
+    assert held.detail == "spot is still volatile for the job"
+    assert volatile(stay, now=at(9))
+    later = at(9) + timedelta(minutes=1)
+    assert not volatile(stay, now=later)
+    assert back_to_spot(stay, now=later, allowed=BOTH).outcome is Outcome.MARKET_CHANGED

@@ -153,6 +153,8 @@ def back_to_spot(job: Job, *, now: datetime, allowed: Collection[Market]) -> Dec
     last = max(spot_interruptions(job), default=None)
     if last is not None and now - last < VOLATILE_GAP:
         return ignore(Outcome.NOTHING_TO_DECIDE, "spot reclaimed the job less than 3 hours ago")
+    if volatile(job, now=now):  # e.g. three reclaims at one instant, exactly 6 h ago: still within the window
+        return ignore(Outcome.NOTHING_TO_DECIDE, "spot is still volatile for the job")
     since, wait = return_wait(job, now=now)
     if now - since < wait:
         return ignore(Outcome.NOTHING_TO_DECIDE, f"the next try of spot is due {_hours(wait - (now - since))} from now")
