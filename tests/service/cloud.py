@@ -689,6 +689,8 @@ class SimulatedCloud:
                     continue
                 if not old.moved or old.interrupted_at is None:
                     continue  # its moves found no room: it trained on, and what came after is no move
+                if old.ended_at is not None and old.ended_at < self._launched_after(job.job_id, old.number):
+                    continue  # lost (not taken: `moves_broken_early`) before its replacement was up: a relaunch
                 if any(old.interrupted_at <= t <= new.started_at for t in self.budget_alerts_at):
                     continue  # a policy tightened in between: the replacement follows it
                 if new.market in FALLBACKS.get(self.deadline_markets.get((job.job_id, new.number)), ()):
