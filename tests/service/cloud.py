@@ -160,6 +160,9 @@ class SimulatedCloud:
     """Per job, the highest sequence published so far (each first published right after the one before)."""
     moves_broken_early: list[str] = field(default_factory=list)
     """Moved attempts the control plane terminated before their replacement's gang was up."""
+    gone_on_its_own: dict[str, datetime] = field(default_factory=dict)
+    """Instances that went away not by the control plane's hand (an exit's shutdown, a reclaim, a
+    fault), and when."""
     zone_orders_broken: list[str] = field(default_factory=list)
     """Walks that tried a spot zone EC2 scored lower before a higher-scored one (`domain.pools`)."""
     warned: set[str] = field(default_factory=set)
@@ -407,6 +410,7 @@ class SimulatedCloud:
         fake = self.world.compute.instances[instance_id]
         if fake.state in UP_STATES:
             fake.state = "terminated"
+            self.gone_on_its_own.setdefault(instance_id, self.now)
         self.observe()
 
     def warn(self, instance_id: str) -> None:
@@ -689,8 +693,9 @@ class SimulatedCloud:
                     continue
                 if not old.moved or old.interrupted_at is None:
                     continue  # its moves found no room: it trained on, and what came after is no move
-                if old.ended_at is not None and old.ended_at < self._launched_after(job.job_id, old.number):
-                    continue  # lost (not taken: `moves_broken_early`) before its replacement was up: a relaunch
+                lost = [self.gone_on_its_own.get(i) for i in old.instance_ids]
+                if any(t is not None and t <= self._launched_after(job.job_id, old.number) for t in lost):
+                    continue  # (a node of) it went on its own (an exit, a fault) before its replacement was up
                 if any(old.interrupted_at <= t <= new.started_at for t in self.budget_alerts_at):
                     continue  # a policy tightened in between: the replacement follows it
                 if new.market in FALLBACKS.get(self.deadline_markets.get((job.job_id, new.number)), ()):
@@ -809,6 +814,17 @@ class SimulatedCloud:
                 problems.append(f"{job.job_id} ({job.state}, {job.status_detail!r}): {problem}")
             if job.state is JobState.RUNNING:
                 wanted.update(job.instance_ids)
+            # a moved (or reclaimed) attempt's gang is taken once the grace after its move (or
+            # warning) is over (`gangs.overdue_survivors`): a move in the quiet period's last
+            # minutes leaves it up, wanted until then
+            wanted.update(
+                i
+                for a in job.attempts
+                if a.interrupted_at is not None
+                and not a.is_over
+                and self.now - a.interrupted_at < SPOT_WARNING_WINDOW + RECLAIM_GRACE
+                for i in a.instance_ids
+            )
         problems += self._unpublished(jobs)
         problems += [f"{iid} leaked (no running job wants it)" for iid in self.up_instances() if iid not in wanted]
         alarms = self.world.alarms.alarms
