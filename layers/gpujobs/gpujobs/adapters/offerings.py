@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpujobs.adapters.catalog import packaged_offerings
+from gpujobs.adapters.clock import UtcClock
 from gpujobs.domain.offerings import RegionOfferings, in_region
 from gpujobs.service.ports import Clock
 
@@ -33,11 +34,6 @@ log = logging.getLogger(__name__)
 OFFERINGS_TTL = timedelta(hours=6)
 _TYPES_PER_CALL = 100
 """Instance types per filter: an allow-list is a handful; a longer one is asked in several calls."""
-
-
-class _UtcClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
 
 
 class Ec2InstanceTypeOfferings:
@@ -53,7 +49,7 @@ class Ec2InstanceTypeOfferings:
     ) -> None:
         self._ec2 = client
         self._region = region
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or UtcClock()
         self._bundled = bundled
         self._answers: dict[str, tuple[datetime, frozenset[str]]] = {}
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from gpujobs.adapters.clock import UtcClock
 from gpujobs.service.ports import Clock
 
 if TYPE_CHECKING:
@@ -35,18 +36,13 @@ RETRY_AFTER = timedelta(minutes=15)
 Shape = tuple[tuple[str, ...], int]
 
 
-class _UtcClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-
 class Ec2PlacementScores:
     """`service.pool_evidence.PlacementScores` over EC2, for the region `client` is in."""
 
     def __init__(self, *, client: EC2Client, region: str, clock: Clock | None = None) -> None:
         self._ec2 = client
         self._region = region
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or UtcClock()
         self._answers: dict[Shape, tuple[datetime, dict[str, int]]] = {}
         self._failed: dict[Shape, datetime] = {}
         self._zone_names: dict[str, str] | None = None

@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from gpujobs.adapters.catalog import on_demand_prices
+from gpujobs.adapters.clock import UtcClock
 from gpujobs.service.ports import Clock
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,6 @@ def price_list_region(region: str) -> str:
     return "us-east-1"
 
 
-class _UtcClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-
 class PriceListOnDemand:
     """On-demand USD per hour per instance type in `region`: the Price List's, else unconfirmed (above)."""
 
@@ -78,7 +74,7 @@ class PriceListOnDemand:
     ) -> None:
         self._pricing = client
         self._region = region
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or UtcClock()
         self._packaged = packaged
         self._answers: dict[str, tuple[datetime, float | None]] = {}
         """Type -> when the Price List last answered for it, and its price (None: not listed here)."""

@@ -13,7 +13,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 import boto3
@@ -21,6 +21,7 @@ from botocore.config import Config
 
 from gpujobs.adapters.budgets import BudgetsApiCheck, DynamoBudgetBook
 from gpujobs.adapters.catalog import packaged_hardware
+from gpujobs.adapters.clock import UtcClock
 from gpujobs.adapters.cloudwatch import CloudWatchIdleAlarms, LambdaThrottles
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.adapters.ec2 import Ec2Compute
@@ -59,11 +60,6 @@ if TYPE_CHECKING:
     AwsService = Literal["budgets", "cloudwatch", "dynamodb", "ec2", "events", "s3", "ssm", "sts"]
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=20)
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
 
 
 class InvocationTimeLeft(threading.local):
@@ -218,7 +214,7 @@ def build_ports(settings: Settings) -> Ports:
         ),
         publisher=EventBridgePublisher(client=lazy_client("events", settings), bus_name=settings.event_bus_name),
         blobs=blobs,
-        clock=SystemClock(),
+        clock=UtcClock(),
         alarms=CloudWatchIdleAlarms(client=lazy_client("cloudwatch", settings), stack_name=settings.stack_name),
         signaller=SsmSignaller(client=ssm, document_name=settings.checkpoint_document),
         budgets=DynamoBudgetBook(table_name=settings.table_name, client=dynamodb),
