@@ -71,6 +71,16 @@ class NoSpotPrices:
         return {"SpotPriceHistory": []}
 
 
+class SpotPrices:
+    """EC2 knowing one spot price for every pool."""
+
+    def __init__(self, usd: str) -> None:
+        self.usd = usd
+
+    def describe_spot_price_history(self, **_: Any) -> dict[str, Any]:
+        return {"SpotPriceHistory": [{"SpotPrice": self.usd}]}
+
+
 def prices(pricing: FakePricing, region: str = "eu-west-1", clock: FixedClock | None = None) -> PriceListOnDemand:
     return PriceListOnDemand(client=pricing, region=region, clock=clock or FixedClock(), packaged=lambda: PACKAGED)
 
@@ -175,6 +185,16 @@ def test_the_cost_caps_price_on_demand_from_the_price_list_and_spot_falls_back_t
     assert both.hourly_usd(instance_type="g5.xlarge", market=Market.ON_DEMAND, zone=None) == 1.212
     assert both.hourly_usd(instance_type="g5.xlarge", market=Market.SPOT, zone="eu-west-1a") == 1.212
     assert both.on_demand_table["g5.xlarge"] == 1.212
+
+
+def test_a_spot_pool_with_a_spot_price_does_not_ask_the_price_list() -> None:
+    pricing = FakePricing({"g5.xlarge": [product("g5.xlarge", "1.212")]})
+    spot = Ec2Prices(client=SpotPrices("0.39"), clock=FixedClock(), on_demand=prices(pricing))  # type: ignore[arg-type]
+
+    assert spot.hourly_usd(instance_type="g5.xlarge", market=Market.SPOT, zone="eu-west-1a") == 0.39
+    assert pricing.requests == []
+    assert spot.hourly_usd(instance_type="g5.xlarge", market=Market.ON_DEMAND, zone="eu-west-1a") == 1.212
+    assert len(pricing.requests) == 1
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,13 @@ Caps need the right order of magnitude, and when unsure they must err high. So:
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpujobs.adapters.catalog import on_demand_prices
+from gpujobs.adapters.clock import UtcClock
 from gpujobs.domain.job import Market
 from gpujobs.service.ports import Clock
 
@@ -36,11 +37,6 @@ log = logging.getLogger(__name__)
 SPOT_CACHE_TTL = timedelta(minutes=10)
 
 
-class _UtcClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-
 def packaged_on_demand_prices() -> dict[str, float]:
     """Instance type -> on-demand USD per hour, from the packaged table (read once per process)."""
     return on_demand_prices()
@@ -51,7 +47,7 @@ class Ec2Prices:
         self, *, client: EC2Client, clock: Clock | None = None, on_demand: PriceListOnDemand | None = None
     ) -> None:
         self._ec2 = client
-        self._clock: Clock = clock or _UtcClock()
+        self._clock: Clock = clock or UtcClock()
         self._spot: dict[tuple[str, str | None], tuple[datetime, float | None]] = {}
         self._on_demand = on_demand
 
@@ -61,14 +57,15 @@ class Ec2Prices:
         return self._on_demand.table() if self._on_demand is not None else packaged_on_demand_prices()
 
     def hourly_usd(self, *, instance_type: str, market: Market, zone: str | None) -> float | None:
+        """What an hour costs in the pool: a spot pool's spot price, the on-demand price (the Price
+        List's, asked only here) for an on-demand pool or a spot pool EC2 knows no price for."""
+        if market is Market.SPOT:
+            spot = self.spot_usd(instance_type=instance_type, zone=zone)
+            if spot is not None:
+                return spot
         if self._on_demand is not None:
-            on_demand = self._on_demand.usd(instance_type)
-        else:
-            on_demand = packaged_on_demand_prices().get(instance_type)
-        if market is Market.ON_DEMAND:
-            return on_demand
-        spot = self.spot_usd(instance_type=instance_type, zone=zone)
-        return spot if spot is not None else on_demand
+            return self._on_demand.usd(instance_type)
+        return packaged_on_demand_prices().get(instance_type)
 
     def spot_usd(self, *, instance_type: str, zone: str | None) -> float | None:
         """The spot price in effect now (the highest over the region's zones when `zone` is None)."""
