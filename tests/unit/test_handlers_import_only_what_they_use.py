@@ -52,6 +52,7 @@ EVERY_HANDLER = {
     # the ports' adapters, wired whole by runtime.bootstrap (their boto3 clients are made on first use)
     "gpujobs.adapters",
     *(f"gpujobs.adapters.{name}" for name in ("budgets", "catalog", "cloudwatch", "dynamodb", "ec2", "eventbus")),
+    "gpujobs.adapters.clock",  # the one UTC clock the adapters and the ports default to (10 lines)
     *(f"gpujobs.adapters.{name}" for name in ("prices", "s3", "secrets", "ssm", "teams")),
     # the job record and spec every path reads, and the decisions every write path takes
     "gpujobs.domain",
