@@ -105,6 +105,11 @@ def table(params: Params, results: list[Result]) -> str:
                 _cell(r.met_deadline),
             )
             lines.append(" | ".join(cells))
+        for r in (r for r in results if r.traces == folder and r.node_reclaims):
+            lines.append(
+                f"{r.strategy}: {r.node_reclaims} reclaim(s) of a gang's node tried the node's replacement in the"
+                " gang's own pool first (none found room: here a reclaim is the pool's count falling below the gang)"
+            )
     return "\n".join(lines)
 
 

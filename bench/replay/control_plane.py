@@ -166,8 +166,15 @@ class ControlPlaneReplay:
             pass
 
     def _observe_once(self) -> bool:
+        regroups = {(c.attempt, c.generation) for c in self.compute.calls if c.generation}
+        self.ledger.node_reclaims = max(self.ledger.node_reclaims, len(regroups))
         launched: dict[int, list[str]] = {}
         for iid, fake in self.compute.instances.items():
+            if fake.request.generation:  # a reclaimed node's replacement found room in its gang's pool
+                raise ReplayError(
+                    f"at {self.now:.0f} s a reclaimed node's replacement found room in its gang's pool: this"
+                    " replay models whole gangs only (its pools' counts never exceed the gang that holds them)"
+                )
             if fake.request.attempt not in self.runs:  # even one terminated within the same call
                 launched.setdefault(fake.request.attempt, []).append(iid)
         for attempt, ids in launched.items():

@@ -123,6 +123,7 @@ class Ledger:
     """(start, end, market, instances) of everything paid for, in seconds from the trace start."""
     lost_s: float = 0.0
     interruptions: int = 0
+    node_reclaims: int = 0
 
     def pay(self, start: float, end: float, market: str, *, instances: int | None = None) -> None:
         """Instances (default: the whole gang) held from `start` to `end`."""
@@ -151,6 +152,7 @@ class Ledger:
             met_deadline=met,
             paid_gpu_hours=paid_gpu_h,
             cost_usd=cost,
+            node_reclaims=self.node_reclaims,
         )
 
 
@@ -167,6 +169,10 @@ class Result:
     met_deadline: bool | None
     paid_gpu_hours: float
     cost_usd: float
+    node_reclaims: int = 0
+    """gpujobs: reclaims of one node of a gang whose replacement it tried in the gang's own pool
+    (`domain.regroup`); in these traces none finds room there (a reclaim is the pool's count falling
+    below the gang), and the whole gang moves."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -263,8 +263,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _wait_for_stream(logs: JobLogs, streams: tuple[str, str], attempt_over: Callable[[], bool]) -> str:
-    """Until the node has written its first line (under either name); NOT_FOUND if its attempt ends first."""
+def _wait_for_stream(logs: JobLogs, streams: tuple[str, ...], attempt_over: Callable[[], bool]) -> str:
+    """Until the node has written its first line (under any of its names); NOT_FOUND if its attempt ends first."""
     told = False
     while True:
         over = attempt_over()

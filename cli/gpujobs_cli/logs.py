@@ -73,14 +73,19 @@ def choose_attempt(job: Job, number: int | None) -> Attempt:
     raise NoLogError(f"{job.job_id} has no attempt {number} (its attempts: {numbers})")
 
 
-def choose_streams(job: Job, attempt: Attempt, *, node: int, bootstrap: bool = False) -> tuple[str, str]:
-    """The node's stream as this release names it, and as a release before teams were in the names did."""
+def choose_streams(job: Job, attempt: Attempt, *, node: int, bootstrap: bool = False) -> tuple[str, ...]:
+    """The node's streams, the first that exists to be read: node K of the attempt's newest generation
+    (a regrouped gang's, `.../K/g<g>`), then as first launched, then as a release before teams were
+    in the names named it. A survivor's bootstrap log stays in the stream it opened first."""
     nodes = job.spec.nodes if job.spec is not None else 1
     if not 0 <= node < nodes:
         raise NoLogError(f"{job.job_id} runs on {nodes} node(s): --node takes 0 to {nodes - 1}, not {node}")
     suffix = BOOTSTRAP_LOG_STREAM_SUFFIX if bootstrap else ""
-    now, before = (job_log_stream(job.job_id, attempt.number, node, team=team) + suffix for team in (job.team, None))
-    return now, before
+    generations = dict.fromkeys((attempt.generation, 0))
+    streams = [
+        job_log_stream(job.job_id, attempt.number, node, team=job.team, generation=g) + suffix for g in generations
+    ]
+    return (*streams, job_log_stream(job.job_id, attempt.number, node, team=None) + suffix)
 
 
 def failed_attempt(job: Job) -> tuple[Attempt, int] | None:

@@ -16,7 +16,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gpujobs.adapters.dynamodb import sized_job_item
@@ -282,7 +282,13 @@ class FakeCompute:
         for index in range(request.count):
             iid = f"i-{next(self._ids):017x}"
             inst = LaunchedInstance(
-                iid, request.instance_type, request.subnet.zone, request.market, index, f"10.0.0.{index + 10}"
+                iid,
+                request.instance_type,
+                request.subnet.zone,
+                request.market,
+                index,
+                f"10.0.0.{index + 10}",
+                generation=request.generation,
             )
             launched_at = self.clock.now() if self.clock else datetime(2026, 11, 29, tzinfo=UTC)
             self.instances[iid] = FakeInstance(inst, request, launched_at=launched_at)
@@ -298,6 +304,13 @@ class FakeCompute:
             and (attempt is None or f.request.attempt == attempt)
             and f.state in LIVE_STATES
         ]
+
+    def tag_generation(self, instance_ids: Sequence[str], generation: int) -> None:
+        self.faults.check("tag_generation")
+        for iid in instance_ids:
+            if iid in self.instances:
+                fake = self.instances[iid]
+                fake.instance = replace(fake.instance, generation=generation)
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         self.faults.check("terminate")

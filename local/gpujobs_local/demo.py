@@ -1,5 +1,8 @@
 """`gpujobs local demo` (what `make demo` runs): a job survives a spot interruption, end to end.
 
+With `--nodes 2` the reclaimed node is one of a gang: only it is replaced, into the gang's pool and
+attempt, and the survivor regroups with its replacement (`domain.regroup`).
+
 Everything real runs: the stack built from template.yaml on a moto server on 127.0.0.1, the Lambda
 handlers fed by the template's own event sources, the instance bootstrap from user data with its own
 fake IMDSv2 per instance, the trainer under torchrun (2 processes per node, gloo on CPU)
@@ -127,17 +130,20 @@ class Demo:
         steps = [int(m.group(1)) for m in _PROGRESS.finditer(log.read_text(errors="replace"))] if log.exists() else []
         return max(steps, default=-1)
 
-    def result_line(self, attempt: int, event: str) -> dict[str, Any] | None:
+    def result_line(self, attempt: int, event: str, *, after_step: int = -1) -> dict[str, Any] | None:
+        """The trainer's `event` line that the attempt's global rank 0 printed with a step past
+        `after_step` (a regrouped gang's rank 0 may be any of its nodes, and prints it again)."""
         record = self.job().attempt(attempt)
         if record is None or not record.instance_ids:
             return None
-        log = self.session.runner.log_path(record.instance_ids[0])
-        if not log.exists():
-            return None
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("{") and f'"event": "{event}"' in line:
-                found: dict[str, Any] = json.loads(line)
-                return found
+        for instance_id in record.instance_ids:
+            log = self.session.runner.log_path(instance_id)
+            text = log.read_text(errors="replace") if log.exists() else ""
+            for line in text.splitlines():
+                if line.startswith("{") and f'"event": "{event}"' in line:
+                    found: dict[str, Any] = json.loads(line)
+                    if int(found.get("step", 0)) > after_step:
+                        return found
         return None
 
     # ---- the story --------------------------------------------------------------------------------
@@ -167,9 +173,11 @@ class Demo:
             f"EC2: spot interruption warning for {victim} at step ~{self.progress(1)}"
             f" (terminates in {NOTICE_SECONDS:g} s)"
         )
-        self.wait("the replacement attempt", lambda: (self.job().current_attempt or first).number >= 2)
+        self.wait("the replacement", lambda: self._replaced(first.number))
         replacement = self.job().current_attempt
         assert replacement is not None
+        if replacement.number == first.number:
+            return self.regrouped(victim, warned_at)
         self.story.step(
             f"replacement attempt {replacement.number} launched at once: {len(replacement.instance_ids)} x"
             f" {replacement.instance_type} in {replacement.zone}"
@@ -192,6 +200,47 @@ class Demo:
         self.story.step(f"outputs: {', '.join(outputs['keys']) or 'none'} in {outputs['uri']} (gpujobs artifacts)")
         return summary
 
+    def _replaced(self, number: int) -> bool:
+        """A later attempt, or the same attempt regrouped around a replacement of the reclaimed node."""
+        current = self.job().current_attempt
+        return current is not None and (current.number > number or current.generation > 0)
+
+    def regrouped(self, victim: str, warned_at: float) -> dict[str, Any]:
+        """The rest of a two-node story: the gang regroups around the reclaimed node's replacement."""
+        attempt = self.job().current_attempt
+        assert attempt is not None
+        assert attempt.regroup is not None
+        (replacement,) = attempt.regroup.replacements
+        survivors = [i for i in attempt.instance_ids if i != replacement]
+        self.story.step(
+            f"only {victim} is replaced: {replacement} launched into the gang's pool ({attempt.instance_type} in"
+            f" {attempt.zone}, {attempt.market.value if attempt.market else '?'}), attempt {attempt.number} goes on;"
+            f" {', '.join(survivors)} stays up and regroups with it (generation {attempt.generation})"
+        )
+        stopped_at = self.progress(attempt.number)
+        self.wait("the gang to resume", lambda: self.result_line(attempt.number, "resumed", after_step=0) is not None)
+        resumed = self.result_line(attempt.number, "resumed", after_step=0) or {}
+        resumed_at = time.monotonic()
+        self.story.step(f"the regrouped gang resumed from step {resumed.get('step')}")
+        self.wait("the job to finish", lambda: self.job().state.is_terminal, 150)
+        final = self.job()
+        result = self.result_line(attempt.number, "final") or {}
+        self.story.step(f"job {final.state.value}: held-out accuracy {result.get('accuracy')}")
+        handed_over = max([step for step, number, _ in self.checkpoints if number == attempt.number], default=0)
+        summary = self.summary(final, resumed, result, (handed_over, stopped_at), resumed_at - warned_at)
+        done = final.current_attempt
+        assert done is not None
+        summary["regroup"] = {
+            "lost": [victim],
+            "replacement": replacement,
+            "survivors": survivors,
+            "generation": done.generation,
+            "resumed_step": resumed.get("step"),
+            "trained_to_step": stopped_at,
+        }
+        summary["steps_lost"] = max(0, stopped_at - int(resumed.get("step", 0)))
+        return summary
+
     def summary(
         self,
         job: Job,
@@ -206,8 +255,9 @@ class Demo:
         for attempt in job.attempts:
             if not attempt.instance_ids:
                 continue
+            first = attempt.number == 1 and not attempt.generation  # a regrouped attempt 1 trained to the end
             start = attempt.resume_from_step if attempt.number == 1 else resumed.get("step")
-            end = handed_over if attempt.number == 1 else result.get("step")
+            end = handed_over if first else result.get("step")
             attempts.append(
                 {
                     "attempt": attempt.number,
@@ -217,8 +267,10 @@ class Demo:
                     "instances": list(attempt.instance_ids),
                     "start_step": start or 0,
                     "end_step": end,
-                    "trained_to_step": stopped_at if attempt.number == 1 else result.get("step"),
+                    "trained_to_step": stopped_at if first else result.get("step"),
                     "end_reason": attempt.end_reason,
+                    "generation": attempt.generation,
+                    "left": list(attempt.left),
                 }
             )
         resumed_step = resumed.get("step")
@@ -237,8 +289,9 @@ class Demo:
             "logs": {  # what `gpujobs logs JOB [--attempt N] [--node K]` reads, while the cloud runs
                 "log_group": self.session.cloud.outputs["JobLogGroupName"],
                 "streams": [
-                    job_log_stream(job.job_id, attempt.number, node, team=job.team)
+                    job_log_stream(job.job_id, attempt.number, node, team=job.team, generation=generation)
                     for attempt in job.attempts
+                    for generation in sorted({0, attempt.generation})
                     for node in range(len(attempt.instance_ids))
                 ],
             },

@@ -204,11 +204,16 @@ class Stage:
 
     def trainer_line(self, instance_id: str, event: str) -> dict[str, Any] | None:
         """The trainer's `{"event": "resumed"|"final", ...}` line in this instance's log, if printed."""
-        for line in self.log_text(instance_id).splitlines():
-            if line.startswith("{") and f'"event": "{event}"' in line:
-                found: dict[str, Any] = json.loads(line)
-                return found
-        return None
+        return next(iter(self.trainer_lines(instance_id, event)), None)
+
+    def trainer_lines(self, instance_id: str, event: str) -> list[dict[str, Any]]:
+        """Every such line, in order: one per run of the workload that printed it (a regrouped gang's
+        survivor runs it twice)."""
+        return [
+            json.loads(line)
+            for line in self.log_text(instance_id).splitlines()
+            if line.startswith("{") and f'"event": "{event}"' in line
+        ]
 
     def ec2_states(self) -> dict[str, str]:
         """Every instance of the stack as EC2 (moto) sees it: id -> state name."""

@@ -27,6 +27,7 @@ from gpujobs_local.cloud import Delivery
 from gpujobs_local.instances import STATE_CHANGE
 from gpujobs_local.session import ROOT
 from tests.e2e.conftest import TYPES, Stage, digits_spec
+from tests.warning_saves import warning_saves_problem
 
 pytestmark = [pytest.mark.integration, pytest.mark.training]
 
@@ -338,30 +339,44 @@ def test_gpujobs_cancel_terminates_the_running_instance(stage: Stage, capsys: py
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_two_node_gang_interrupted_on_one_node_resumes_as_a_gang(stage: Stage) -> None:
+def test_a_two_node_gang_interrupted_on_one_node_regroups_around_its_replacement(stage: Stage) -> None:
+    """Issue 21: only the reclaimed node is replaced. The survivor's instance stays up, its bootstrap
+    rendezvous again (its generation tag raised) with the replacement, launched into the same pool
+    and attempt, and the gang resumes at the same world size from the warning's checkpoint."""
     job_id = stage.submit(digits_spec(steps=120, checkpoint_every=40, step_sleep=0.15, nodes=2))
     first = stage.wait_running(job_id, timeout=90)
     assert len(first.instance_ids) == 2
+    survivor, victim = first.instance_ids
     stage.wait("the first periodic checkpoint", lambda: any(c.step == 40 for c in stage.checkpoints(1)), 150)
 
     # when one node (not rank 0's, as launched) gets the spot notice
-    stage.runner.interrupt_spot(first.instance_ids[-1], notice_seconds=10)
+    stage.runner.interrupt_spot(victim, notice_seconds=10)
 
-    # then the whole gang is replaced by a gang of two, which resumes from the preemption checkpoint
-    stage.wait("the replacement gang", lambda: _attempt_number(stage, job_id) >= 2, 60)
-    preempted = stage.preemption_checkpoint(job_id, 1)  # one warning, one save (or the save just made)
+    # then only that node is replaced, in the same attempt, and the gang resumes from the warning's save
+    stage.wait("the replacement node", lambda: (stage.job(job_id).current_attempt or first).generation >= 1, 60)
     job = stage.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=200)
     assert job.state is JobState.SUCCEEDED, job.status_detail
-    assert [a.number for a in job.attempts] == [1, 2], _attempts_told(job)
-    reclaimed, replacement = job.attempts
-    assert len(replacement.instance_ids) == 2
-    assert set(replacement.instance_ids).isdisjoint(reclaimed.instance_ids)
-    assert replacement.pool != reclaimed.pool
-    resumed = [line for i in replacement.instance_ids if (line := stage.trainer_line(i, "resumed"))]
-    assert [line["step"] for line in resumed] == [preempted.step]  # printed once, by global rank 0
-    finals = [line for i in replacement.instance_ids if (line := stage.trainer_line(i, "final"))]
-    assert [(line["step"], line["resumed_from"]) for line in finals] == [(120, preempted.step)]
+    assert [a.number for a in job.attempts] == [1], _attempts_told(job)
+    (attempt,) = job.attempts
+    assert attempt.instance_ids[0] == survivor
+    assert victim not in attempt.instance_ids
+    assert len(attempt.instance_ids) == 2
+    (replacement,) = attempt.instance_ids[1:]
+    assert attempt.left == (victim,)
+    assert attempt.generation == 1
+    runs = [line["step"] for i in attempt.instance_ids for line in stage.trainer_lines(i, "resumed")]
+    step = max(runs)
+    assert sorted(runs) == [0, step]  # printed by global rank 0: of the first gang, then of the regrouped one
+    assert step >= 40
+    saved = [(c.step, c.reason) for c in stage.checkpoints(1, job_id=job_id) if c.step <= step]
+    assert warning_saves_problem(saved, step) is None  # from the warning's save: one warning, one save
+    finals = [line for i in attempt.instance_ids if (line := stage.trainer_line(i, "final"))]
+    assert [(line["step"], line["resumed_from"]) for line in finals] == [(120, step)]
     assert finals[0]["accuracy"] > 0.5
+    survivor_log = stage.runner.log_path(survivor).read_text(errors="replace")
+    assert "the gang regroups as generation 1" in survivor_log
+    assert survivor_log.count("starting the workload as node") == 2  # one instance, two runs of the workload
+    assert "starting the workload" in stage.runner.log_path(replacement).read_text(errors="replace")
     stage.wait_nothing_running()
 
 

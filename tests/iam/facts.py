@@ -50,6 +50,8 @@ def moto_facts(service: str, operation: str, params: dict[str, Any], region: str
         return {"tags": _tags(region, list(params.get("InstanceIds", [])))}
     if service == "ssm" and operation == "SendCommand":
         return {"tags": _tags(region, list(params.get("InstanceIds", [])))}
+    if service == "ec2" and operation == "CreateTags":  # a regroup's generation tag, on existing instances
+        return {"tags": _tags(region, [r for r in params.get("Resources", []) if r.startswith("i-")])}
     if service == "ec2" and operation in {"AuthorizeSecurityGroupIngress", "DeleteSecurityGroup"}:
         return {"tags": _tags(region, [params["GroupId"]] if "GroupId" in params else [])}
     if service == "ec2" and operation == "RunInstances":

@@ -177,6 +177,25 @@ def _on_instances(action: str) -> Builder:
     return build
 
 
+@builds("ec2", "CreateTags")
+def _tag_instances(params: dict[str, Any], facts: dict[str, Any], region: str, _: Context) -> list[Request]:
+    """A standalone CreateTags (a regroup's generation tag): each instance it names, with its own tags
+    (aws:ResourceTag/*) and the request's (aws:RequestTag/*, aws:TagKeys); no ec2:CreateAction."""
+    tags = facts.get("tags", {})
+    asked = _request_tags({t["Key"]: t["Value"] for t in params.get("Tags", [])})
+    return [
+        Request(
+            "ec2:CreateTags",
+            _arn("ec2:CreateTags", ":instance/", region, rid),
+            ctx,
+            _modelled(ctx, "aws:resourcetag/*", "ec2:createaction", *REQUEST_TAG_KEYS),  # no create: key absent
+        )
+        for rid in params.get("Resources", [])
+        if rid in tags
+        for ctx in [{**_resource_tags(tags[rid]), **asked}]
+    ]
+
+
 builds("ec2", "TerminateInstances")(_on_instances("ec2:TerminateInstances"))
 builds("ec2", "StopInstances")(_on_instances("ec2:StopInstances"))
 
@@ -193,7 +212,8 @@ def _on_group(params: dict[str, Any], facts: dict[str, Any], region: str, _: Con
 
 def _create_tags(region: str, arn: str, create_action: str, tags: Mapping[str, str]) -> Request:
     ctx = {"ec2:createaction": [create_action], **_request_tags(tags)}
-    return Request("ec2:CreateTags", arn, ctx, _modelled(ctx, *REQUEST_TAG_KEYS))
+    # the resource is being created: it has no tags of its own yet (aws:ResourceTag/* absent)
+    return Request("ec2:CreateTags", arn, ctx, _modelled(ctx, "aws:resourcetag/*", *REQUEST_TAG_KEYS))
 
 
 @builds("ec2", "CreateSecurityGroup")

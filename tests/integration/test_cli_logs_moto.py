@@ -242,3 +242,19 @@ def test_log_lines_reach_the_terminal_without_control_characters(
     assert main(["logs", JOB]) == 0
 
     assert capsys.readouterr().out == "\\x1b]0;pwned\\x07red\\x1b[31m\n"
+
+
+def test_a_regrouped_gangs_node_is_read_from_its_newest_generation(
+    logs: Logs, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 21: after a regroup, node K of the gang's generation g writes `.../K/g<g>`; the first gang's
+    stream keeps what was printed before the warning."""
+    logs.job(attempt(1).model_copy(update={"generation": 2}))
+    logs.write(job_log_stream(JOB, 1, 1, team=TEAM), ["before the warning"])
+    logs.write(job_log_stream(JOB, 1, 1, team=TEAM, generation=2), ["resumed in the regrouped gang"])
+    logs.write(bootstrap_log_stream(JOB, 1, 1, team=TEAM), ["gpujobs-bootstrap: the gang regroups as generation 2"])
+
+    assert main(["logs", JOB, "--node", "1"]) == 0
+    assert capsys.readouterr().out == "resumed in the regrouped gang\n"
+    assert main(["logs", JOB, "--node", "1", "--bootstrap", "--json"]) == 0  # a survivor keeps its first stream
+    assert json.loads(capsys.readouterr().out)["stream"] == bootstrap_log_stream(JOB, 1, 1, team=TEAM)

@@ -226,8 +226,16 @@ def _run_flows(stack: MotoStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             stack.eventbridge("gpujobs.instance", "Job Exited", stack.signed_by(second, "Job Exited", exited)),
         )
         # a two-node EFA gang: several interfaces per instance, none may name a public IP
-        # (capped: the reconciler's run prices it from the Price List)
-        _submit(stack, nodes=2, instance_types=["p4d.24xlarge"], checkpoint="none", max_cost_usd=1000.0)
+        # (capped and on-demand: the reconciler's run prices it from the Price List)
+        capped = {"checkpoint": "none", "max_cost_usd": 1000.0, "capacity": "on-demand"}
+        _submit(stack, nodes=2, instance_types=["p4d.24xlarge"], **capped)
+        _invoke("reconciler", {"source": "aws.scheduler"})
+        # a gang of two loses one node to spot: the survivor's generation is raised, its replacement
+        # launched into the gang's pool with the next one, and the reconciler tags the gang again
+        gang = _submit(stack, nodes=2, instance_types=["g5.xlarge"])
+        warned = {"instance-id": gang.instance_ids[1], "instance-action": "terminate"}
+        _invoke("spot", stack.eventbridge("aws.ec2", "EC2 Spot Instance Interruption Warning", warned))
+        assert DynamoJobStore(table_name=stack.table, client=stack.ddb).get(gang.job_id).attempts[0].generation == 1
         _invoke("reconciler", {"source": "aws.scheduler"})
         # an on-demand job that saves its own files goes idle: its instance is stopped at once
         idle = _submit(stack, checkpoint="directory", capacity="on-demand")
@@ -282,6 +290,9 @@ def test_the_flows_reach_every_role_the_stack_defines_and_the_calls_the_issue_na
     assert ("SubmitFunction", "ec2", "CreatePlacementGroup") in made  # the EFA gang's
     assert ("SubmitFunction", "ec2", "GetSpotPlacementScores") in made  # a spot ladder ranked by EC2's advice
     assert ("ReconcilerFunction", "pricing", "GetProducts") in made  # a cost cap priced in the stack's region
+    assert {("SpotFunction", "ec2", "CreateTags"), ("ReconcilerFunction", "ec2", "CreateTags")} <= made  # a regroup
+    regrouped = [c for c in flows if c.operation == "RunInstances" and "-g1" in c.params.get("ClientToken", "")]
+    assert regrouped, "the reclaimed node's replacement was launched"
     assert {("ReconcilerFunction", "s3", "ListObjectsV2"), ("ReconcilerFunction", "s3", "DeleteObjects")} <= made
 
 

@@ -57,7 +57,14 @@ LAUNCHERS = ("SubmitFunction", "SpotFunction", "InstanceStateFunction", "Reports
 """Functions whose reactions may launch an attempt (and so also end one, and manage its alarms)."""
 SIGNALLERS = ("SpotFunction", "IdleFunction", "BudgetFunction", "ReconcilerFunction")
 """Functions whose reactions may ask a container to checkpoint now."""
-TAG_KEYS_THE_LAUNCHER_WRITES = {"gpujobs:stack", "gpujobs:job-id", "gpujobs:attempt", "gpujobs:team", "Name"}
+TAG_KEYS_THE_LAUNCHER_WRITES = {
+    "gpujobs:stack",
+    "gpujobs:job-id",
+    "gpujobs:attempt",
+    "gpujobs:generation",
+    "gpujobs:team",
+    "Name",
+}
 ENV_THE_SETTINGS_READ = {
     "JOBS_TABLE",
     "EVENT_BUS_NAME",
@@ -426,7 +433,11 @@ def test_every_mutating_ec2_statement_is_scoped_by_the_stack_tag() -> None:
             assert not any(f":{r}/" in _resources_text(statement) for r in ("instance", "volume")), statement
         if "ec2:CreateTags" in actions:
             checked += 1
-            assert "ec2:CreateAction" in condition["StringEquals"], (logical_id, statement)
+            plain = condition["StringEquals"]
+            if "ec2:CreateAction" not in plain:  # outside a create: one key, on the stack's instances only
+                assert plain["aws:ResourceTag/gpujobs:stack"] == {"Ref": "AWS::StackName"}, (logical_id, statement)
+                assert condition["ForAllValues:StringEquals"]["aws:TagKeys"] == ["gpujobs:generation"], statement
+                assert ":instance/*" in _resources_text(statement), statement
     assert checked >= 3
 
 

@@ -24,6 +24,7 @@ from gpujobs.domain.effects import (
     Launch,
     SignalCheckpoint,
     Stop,
+    TagGeneration,
     Terminate,
     TerminateJobInstances,
     aws_call_of,
@@ -38,7 +39,7 @@ from tests.iam.stack_policies import principal_policies, rendered
 
 DLC_ACCOUNT = "763104351884"
 ALARM_ACTIONS = [{"Fn::If": ["HasAlarmTopic", {"Ref": "AlarmTopicArn"}, {"Ref": "AlarmTopic"}]}]
-EFFECTS = ["Stop", "Terminate", "SendCommand", "PutMetricAlarm", "DeleteAlarms"]
+EFFECTS = ["Stop", "Terminate", "SendCommand", "PutMetricAlarm", "DeleteAlarms", "CreateTags"]
 ALWAYS_PRESENT = {
     "aws:requesttag/gpujobs:stack": "every create the stack allows is tagged by the launcher (tag-on-create)",
     "aws:resourcetag/gpujobs:stack": "the resource either carries the stack's tag (ours) or not (refused: intended)",
@@ -248,6 +249,7 @@ def test_the_effects_alarm_has_a_series_for_every_call_a_failed_effect_is_counte
         CreateAlarms("j-1", ("i-1",), 5, 30),
         DeleteAlarms(("i-1",)),
         SignalCheckpoint(("i-1",), "c"),
+        TagGeneration(("i-1",), 1),
         Launch("j-1"),
     ]
     assert {type(e) for e in one_of_each} == set(get_args(Effect))

@@ -28,7 +28,7 @@ from gpujobs.domain.admission import plan
 from gpujobs.domain.budget import BudgetMode, launch_hold
 from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
 from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
-from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW
+from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW, placement_group_of
 from gpujobs.domain.hangs import launched_at
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Admission, Job, Market
@@ -41,7 +41,7 @@ from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
 from gpujobs.domain.teams import TeamDirectory, parse_team_config
-from gpujobs.domain.volatility import SPOT_RECLAIMS, VOLATILE_COUNT, VOLATILE_WINDOW
+from gpujobs.domain.volatility import VOLATILE_COUNT, VOLATILE_WINDOW, is_spot_reclaim
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, JobNotFoundError, LaunchRequest, QuotaExceededError
 from gpujobs.service.repairs import Repair
@@ -229,7 +229,7 @@ class SimulatedCloud:
         reclaimed = {r.pool for r in self.evidence.recent(now=self.now)}
         walks: dict[tuple[str, int, str], list[str]] = defaultdict(list)
         for call in calls:
-            if call.market is Market.SPOT:
+            if call.market is Market.SPOT and not call.generation:  # a regroup launches into its gang's pool
                 walks[(call.job_id, call.attempt, call.instance_type)].append(call.subnet.zone)
         for (job_id, number, instance_type), zones in walks.items():
             own = {r.pool for r in reclaims_of(self.world.store.get(job_id))}
@@ -542,6 +542,7 @@ class SimulatedCloud:
         problems += self._undeserved_market_failures(jobs)
         problems += self._moves_that_went_nowhere(jobs)
         problems += self._spot_while_volatile(jobs)
+        problems += self._regroups_in_place(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         problems += self._objects_deleted_early(jobs)
@@ -721,10 +722,7 @@ class SimulatedCloud:
                 reclaims = [  # what the launch saw: the history's reclaims of the attempts before it
                     e.at
                     for e in job.history
-                    if e.target is JobState.INTERRUPTED
-                    and e.reason in SPOT_RECLAIMS
-                    and e.attempt is not None
-                    and e.attempt < attempt.number
+                    if is_spot_reclaim(e) and e.attempt is not None and e.attempt < attempt.number
                 ]
                 recent = [t for t in reclaims if attempt.started_at - t <= VOLATILE_WINDOW]
                 if len(recent) < VOLATILE_COUNT or any(t <= attempt.started_at for t in self.budget_alerts_at):
@@ -735,6 +733,64 @@ class SimulatedCloud:
                     f"{job.job_id}: attempt {attempt.number} launched on spot after {len(recent)} reclaims within"
                     f" {VOLATILE_WINDOW}, without trying on-demand first"
                 )
+            for i, regrouped in enumerate(job.history):
+                if regrouped.reason is not Reason.NODE_RECLAIMED:
+                    continue
+                # a regroup replaces the node on spot, in its pool: never once spot is volatile for the job
+                # (the reclaims up to this one, itself included, in the history's order)
+                recent = [e.at for e in job.history[: i + 1] if is_spot_reclaim(e)]
+                recent = [t for t in recent if regrouped.at - t <= VOLATILE_WINDOW]
+                if len(recent) >= VOLATILE_COUNT:
+                    problems.append(
+                        f"{job.job_id}: a node reclaimed at {regrouped.at} was replaced in place on spot, the"
+                        f" job's reclaim {len(recent)} within {VOLATILE_WINDOW}"
+                    )
+        return problems
+
+    def _regroups_in_place(self, jobs: dict[str, Job]) -> list[str]:
+        """A regroup (issue 21) keeps its gang whole and in place: an attempt never holds more nodes
+        than its spec nor the same node twice, a replacement is launched into the attempt's own pool
+        and placement group with the next generation's tag, each generation once (one node per lost
+        one), and no more nodes of the attempt's current generation are up than the gang has."""
+        problems: list[str] = []
+        launched: dict[tuple[str, int, int], set[str]] = defaultdict(set)
+        for iid, fake in self.world.compute.instances.items():
+            request = fake.request
+            if request.generation:
+                launched[(request.job_id, request.attempt, request.generation)].add(iid)
+        for (job_id, number, generation), ids in launched.items():
+            job = jobs.get(job_id)
+            attempt = job.attempt(number) if job is not None else None
+            if job is None or attempt is None:
+                continue
+            nodes = job.require_spec().nodes
+            if len(ids) > nodes - 1:
+                problems.append(
+                    f"{job_id}: attempt {number} launched {len(ids)} replacements for generation {generation}"
+                )
+            for iid in ids:
+                request = self.world.compute.instances[iid].request
+                where = (request.instance_type, request.subnet.subnet_id, request.market, request.placement_group)
+                gang = (attempt.instance_type, attempt.subnet_id, attempt.market, placement_group_of(job, attempt))
+                if where != gang:
+                    problems.append(f"{job_id}: replacement {iid} of attempt {number} went to {where}, not {gang}")
+        for job in jobs.values():
+            nodes = job.require_spec().nodes if job.spec is not None else 0
+            for attempt in job.attempts:
+                ids = attempt.instance_ids
+                if len(ids) > nodes or len(set(ids)) != len(ids):
+                    problems.append(f"{job.job_id}: attempt {attempt.number} holds {list(ids)} for {nodes} node(s)")
+                if attempt.is_over or not attempt.generation:
+                    continue
+                up = [
+                    i
+                    for i in self.up_instances()
+                    if (f := self.world.compute.instances[i]).request.job_id == job.job_id
+                    and f.request.attempt == attempt.number
+                    and f.instance.generation == attempt.generation
+                ]
+                if len(up) > nodes:
+                    problems.append(f"{job.job_id}: {up} up in generation {attempt.generation} of a {nodes}-node gang")
         return problems
 
     def _undeserved_boot_failures(self, jobs: dict[str, Job]) -> list[str]:
@@ -789,7 +845,8 @@ class SimulatedCloud:
             if self.now - fake.launched_at <= UNRECORDED_LIMIT:
                 continue
             job = jobs.get(fake.request.job_id)
-            if job is None or iid not in job.all_instance_ids:
+            recorded = job is not None and (iid in job.all_instance_ids or any(iid in a.left for a in job.attempts))
+            if job is None or not recorded:
                 problems.append(f"{iid} has run unrecorded since {fake.launched_at}")
             elif job.state.is_terminal and self.now - job.updated_at > UNRECORDED_LIMIT:
                 problems.append(f"{iid} still runs {self.now - job.updated_at} after {job.job_id} ended {job.state}")

@@ -17,6 +17,7 @@ from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.domain.cost import billed_pools, cost_of, runtime_of
 from gpujobs.domain.job import MAX_DETAIL_CHARS, Job
 from gpujobs.domain.ladder import next_try_delay
+from gpujobs.domain.regroup import MAX_LEFT_KEPT
 from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
 from gpujobs.service.config import LaunchConfig
@@ -116,7 +117,8 @@ def test_a_week_waiting_for_p5_capacity_in_18_pools_keeps_the_record_far_under_4
 
 
 def test_a_job_interrupted_100_times_keeps_a_bounded_record_and_still_counts_its_runtime(world: World) -> None:
-    job_id = world.submit(spec(nodes=2, max_interruptions=100)).job.job_id
+    # a `directory` script's gang is replaced whole at each warning (it cannot regroup: `domain.regroup`)
+    job_id = world.submit(spec(nodes=2, max_interruptions=100, checkpoint="directory")).job.job_id
 
     for _ in range(100):
         world.clock.advance(hours=1)
@@ -143,6 +145,35 @@ def test_a_job_interrupted_100_times_keeps_a_bounded_record_and_still_counts_its
     assert cost_of(job, world.clock.now(), prices) >= 100 * 2 * 0.5
     published = [e for e in world.publisher.events if e.job_id == job_id]
     assert sum(1 for e in published if e.target is JobState.INTERRUPTED) == 100
+
+
+def test_a_gang_that_regroups_100_times_keeps_a_bounded_record_and_pays_for_every_node(world: World) -> None:
+    job_id = world.submit(spec(nodes=2, instance_types=["g5.xlarge"])).job.job_id
+
+    for regroups in range(100):
+        world.clock.advance(hours=4)  # 25 reclaims a week never make spot volatile for it
+        job = world.store.get(job_id)
+        world.reactions.report(HeartbeatReport(job_id=job_id, attempt=1, step=regroups + 1))
+        lost = job.instance_ids[-1]
+        world.reactions.spot_warning(lost)
+        world.compute.terminate([lost])
+        world.reactions.instance_state(lost, "terminated")
+
+    job = world.store.get(job_id)
+    attempt = job.current_attempt
+    assert attempt is not None
+    assert job.state is JobState.RUNNING
+    assert job.attempt_count == 1
+    assert attempt.generation == 100
+    assert job.interruptions == 100
+    assert len(attempt.instance_ids) == 2
+    assert len(attempt.left) == MAX_LEFT_KEPT
+    assert size_of(job) < FAR_UNDER
+    prices = {
+        pool: world.prices.hourly_usd(instance_type=pool.instance_type, market=pool.market, zone=pool.zone)
+        for pool in billed_pools(job)
+    }
+    assert cost_of(job, world.clock.now(), prices) == pytest.approx(400 * 2 * 0.5)  # two nodes, all along
 
 
 def test_a_64_node_gang_heartbeating_for_a_week_keeps_the_size_it_had_on_day_one(world: World) -> None:

@@ -105,7 +105,8 @@ def test_a_tick_short_of_time_still_terminates_the_overdue_survivors_of_a_deferr
     """Survivors are billed GPUs outliving their replacement's start: a RUNNING job whose repairs
     wait for the next run does not keep them (they used to wait with the repairs)."""
     running_jobs(world, 200)
-    gang = world.store.get(world.submit(spec(nodes=2), message_id="msg-gang").job.job_id)
+    whole = spec(nodes=2, checkpoint="directory")  # replaced whole at a warning (no regroup: `domain.regroup`)
+    gang = world.store.get(world.submit(whole, message_id="msg-gang").job.job_id)
     world.reactions.spot_warning(gang.instance_ids[0])
     world.compute.terminate(gang.instance_ids[:1])  # spot takes the warned node; the other's trainer hangs
     world.reactions.instance_state(gang.instance_ids[0], "terminated")

@@ -13,8 +13,15 @@ import pytest
 from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE, CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_CODE
 from gpujobs_trainer.errors import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import EventBridgePublisher
-from gpujobs_trainer.launch import child_pids, plan_from_env, python_script, split_command, torchrun_argv
-from gpujobs_trainer.outcome import WorkerOutcome, decide_exit, read_outcomes, write_outcome
+from gpujobs_trainer.launch import (
+    child_pids,
+    plan_from_env,
+    python_script,
+    regroup_may_follow,
+    split_command,
+    torchrun_argv,
+)
+from gpujobs_trainer.outcome import JobOutcome, WorkerOutcome, decide_exit, read_outcomes, write_outcome
 
 COMMAND = ["python", "train.py", "--note", "a; rm -rf / $(whoami)"]
 
@@ -177,3 +184,33 @@ def test_a_failing_event_bus_is_logged_never_raised(caplog: pytest.LogCaptureFix
 )
 def test_the_script_python_would_open_is_found_past_its_options(command: list[str], script: str | None) -> None:
     assert python_script(command) == script
+
+
+@pytest.mark.parametrize(
+    ("nodes", "instance_id", "mode", "code", "bootstrap_reports"),
+    [
+        ("2", "i-0abc", "gpujobs", PREEMPTED_EXIT_CODE, True),  # a gang may regroup: the bootstrap knows
+        ("1", "i-0abc", "gpujobs", PREEMPTED_EXIT_CODE, False),  # one node: nothing to regroup around
+        ("2", "", "gpujobs", PREEMPTED_EXIT_CODE, False),  # no bootstrap to start it again
+        ("2", "i-0abc", "directory", PREEMPTED_EXIT_CODE, False),  # a script without the library never regroups
+        ("2", "i-0abc", "gpujobs", SUCCESS_EXIT_CODE, False),
+        ("2", "i-0abc", "gpujobs", CRASH_EXIT_CODE, False),
+    ],
+)
+def test_a_gang_node_stopped_at_a_warning_leaves_its_exit_report_to_the_bootstrap(
+    nodes: str, instance_id: str, mode: str, code: int, bootstrap_reports: bool
+) -> None:
+    """A survivor of another node's warning exits 75 and may be started again in the regrouped gang:
+    reported then, its 75 would end an attempt that goes on (`domain.regroup`)."""
+    env = {
+        "GPUJOBS_NNODES": nodes,
+        "GPUJOBS_NODE_RANK": "0",
+        "GPUJOBS_MASTER_ADDR": "10.0.0.5",
+        "GPUJOBS_JOB_ID": "j1",
+        "GPUJOBS_ATTEMPT": "1",
+        "GPUJOBS_INSTANCE_ID": instance_id,
+        "GPUJOBS_CHECKPOINT_MODE": mode,
+    }
+    plan = plan_from_env(env, COMMAND, gpu_count=1)
+
+    assert regroup_may_follow(plan, JobOutcome(code, "")) is bootstrap_reports

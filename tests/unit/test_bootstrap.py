@@ -412,7 +412,7 @@ def test_two_nodes_agree_on_rank_0s_private_ip_as_master(ec2: Any) -> None:
     ]
 
     master = by_index[0]["PrivateIpAddress"]
-    assert results == [(1, master), (0, master)]
+    assert results == [(1, master, 0), (0, master, 0)]
 
 
 def test_ranks_stay_consistent_when_several_launches_made_the_nodes(ec2: Any) -> None:
@@ -432,8 +432,53 @@ def test_ranks_stay_consistent_when_several_launches_made_the_nodes(ec2: Any) ->
         for i in (first, second)
     }
 
-    assert sorted(rank for rank, _ in ranks.values()) == [0, 1]
-    assert len({master for _, master in ranks.values()}) == 1
+    assert sorted(place.rank for place in ranks.values()) == [0, 1]
+    assert len({place.master for place in ranks.values()}) == 1
+
+
+def regroup(ec2: Any, instances: list[dict[str, Any]], generation: int) -> None:
+    """What the control plane does for a regroup: the survivors' generation raised."""
+    ids = [i["InstanceId"] for i in instances]
+    ec2.create_tags(Resources=ids, Tags=[{"Key": contract.TAG_GENERATION, "Value": str(generation)}])
+
+
+def place_of(ec2: Any, instance: dict[str, Any], *, nodes: int = 2, timeout: float = 5) -> Any:
+    return rendezvous.rendezvous(
+        ec2,
+        job_id="job-7",
+        attempt=3,
+        nodes=nodes,
+        instance_id=instance["InstanceId"],
+        own_ip=instance["PrivateIpAddress"],
+        timeout=timeout,
+        poll=0.01,
+    )
+
+
+def test_a_regrouped_gang_meets_its_replacement_and_never_the_node_that_is_going(ec2: Any) -> None:
+    survivor, going = sorted(launch(ec2, count=2), key=lambda i: i["AmiLaunchIndex"])
+    regroup(ec2, [survivor], 1)
+    (replacement,) = launch(ec2, count=1)
+    regroup(ec2, [replacement], 1)  # launched with the next generation's tag
+
+    places = {i["InstanceId"]: place_of(ec2, i) for i in (survivor, replacement)}
+
+    assert sorted(p.rank for p in places.values()) == [0, 1]  # two nodes, as before
+    assert {p.generation for p in places.values()} == {1}
+    assert len({p.master for p in places.values()}) == 1
+    assert {p.master for p in places.values()} <= {survivor["PrivateIpAddress"], replacement["PrivateIpAddress"]}
+    with pytest.raises(errors.BootstrapError, match="1 of 2 instances of generation 0"):
+        place_of(ec2, going, timeout=0.05)  # alone in its generation: the reclaimed node never joins
+
+
+def test_a_survivor_learns_that_its_gang_regroups_and_waits_no_longer_than_told(ec2: Any) -> None:
+    survivor, _going = launch(ec2, count=2)
+    iid = survivor["InstanceId"]
+
+    assert rendezvous.wait_for_regroup(ec2, instance_id=iid, above=0, timeout=0.05, poll=0.01) is None
+    regroup(ec2, [survivor], 1)
+    assert rendezvous.wait_for_regroup(ec2, instance_id=iid, above=0, timeout=0.05, poll=0.01) == 1
+    assert rendezvous.wait_for_regroup(ec2, instance_id=iid, above=1, timeout=0.05, poll=0.01) is None
 
 
 def test_rendezvous_gives_up_when_a_node_never_appears(ec2: Any) -> None:
@@ -456,6 +501,7 @@ def test_a_single_node_is_its_own_master() -> None:
     assert rendezvous.rendezvous(None, job_id="j", attempt=1, nodes=1, instance_id="i", own_ip="10.0.0.9") == (
         0,
         "10.0.0.9",
+        0,
     )
 
 

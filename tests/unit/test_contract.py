@@ -50,6 +50,7 @@ SOURCE_FOLDERS = ("layers", "functions", "cli", "local", "training_image")
 def test_the_bootstrap_reads_the_tags_the_launcher_writes() -> None:
     assert instance_contract.TAG_JOB_ID == contract.JOB_TAG
     assert instance_contract.TAG_ATTEMPT == contract.ATTEMPT_TAG
+    assert instance_contract.TAG_GENERATION == contract.GENERATION_TAG
 
 
 def test_the_bootstrap_signs_its_identity_proof_as_the_credentials_function_checks_it() -> None:
@@ -61,6 +62,7 @@ def test_the_bootstrap_reports_its_exit_as_the_reports_rule_expects() -> None:
     assert instance_contract.EVENT_SOURCE == contract.INSTANCE_SOURCE
     assert instance_contract.EVENT_DETAIL_TYPE == contract.JOB_EXITED
     assert instance_contract.EXIT_BOOTSTRAP_FAILED == contract.ExitCode.BOOTSTRAP_FAILED
+    assert instance_contract.EXIT_PREEMPTED == contract.ExitCode.PREEMPTED
 
 
 def test_the_bootstrap_counts_instance_states_as_the_control_plane_does() -> None:
@@ -75,9 +77,10 @@ def test_the_bootstrap_names_the_container_as_the_checkpoint_signal_addresses_it
 
 @pytest.mark.parametrize("team", ["vision", None])
 def test_the_bootstrap_names_log_streams_as_the_cli_reads_them(team: str | None) -> None:
-    for attempt, node in ((1, 0), (12, 63)):
-        stream = contract.job_log_stream("j-0123456789abcdef", attempt, node, team=team)
-        assert instance_contract.job_log_stream("j-0123456789abcdef", attempt, node, team=team) == stream
+    for attempt, node, generation in ((1, 0, 0), (12, 63, 0), (3, 1, 2)):
+        stream = contract.job_log_stream("j-0123456789abcdef", attempt, node, team=team, generation=generation)
+        copy = instance_contract.job_log_stream("j-0123456789abcdef", attempt, node, team=team, generation=generation)
+        assert copy == stream
         assert ":" not in stream
         assert "*" not in stream
     assert instance_contract.BOOTSTRAP_LOG_STREAM_SUFFIX == contract.BOOTSTRAP_LOG_STREAM_SUFFIX

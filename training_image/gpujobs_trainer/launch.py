@@ -15,7 +15,9 @@ So the launcher sends SIGUSR1 straight to torchrun's worker processes, and only 
 handle it (a script that has not reached `gpujobs_trainer.init` yet would be killed by it).
 
 Under the instance bootstrap, the launcher asks for the output folder's upload and waits for it
-before reporting its exit: that report may end the job, and the instance with it.
+before reporting its exit: that report may end the job, and the instance with it. A node of a gang
+that stopped at a warning (75) leaves the report to the bootstrap, which may start it again when the
+gang regroups around a reclaimed node's replacement (`regroup_may_follow`).
 
 Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
 working directory (`code_archive`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
@@ -45,6 +47,7 @@ from gpujobs_trainer.errors import (
     COMMAND_NOT_FOUND_EXIT_CODE,
     CONFIG_ERROR_EXIT_CODE,
     CRASH_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
     CheckpointError,
     ConfigError,
 )
@@ -349,8 +352,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if plan.instance_id and env.get(OUTPUT_DIR_ENV):  # under the bootstrap: the report may end the job at once
         uploaded = upload_and_wait(Path(env[OUTPUT_DIR_ENV]), timeout=FINAL_UPLOAD_TIMEOUT)
         log.info("output folder %s", "uploaded" if uploaded else "not uploaded in time; the bootstrap still tries")
-    report_exit(plan, outcome, env.get("GPUJOBS_EVENT_BUS", "").strip())
+    if regroup_may_follow(plan, outcome):
+        log.info("preempted: the bootstrap reports the exit, unless the gang regroups around a replacement")
+    else:
+        report_exit(plan, outcome, env.get("GPUJOBS_EVENT_BUS", "").strip())
     return outcome.exit_code
+
+
+def regroup_may_follow(plan: LaunchPlan, outcome: JobOutcome) -> bool:
+    """Pure: this node of a gang stopped at a warning under the bootstrap, which may start it again
+    in a regrouped gang (a reclaimed node replaced in place): its 75 is no exit of the node, so only
+    the bootstrap reports it, once it knows the gang does not regroup."""
+    return (
+        outcome.exit_code == PREEMPTED_EXIT_CODE
+        and plan.nnodes > 1
+        and bool(plan.instance_id)
+        and plan.checkpoint_mode == GPUJOBS
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ STACK_TAG = "gpujobs:stack"
 JOB_TAG = "gpujobs:job-id"
 ATTEMPT_TAG = "gpujobs:attempt"
 """The attempt number, as decimal text."""
+GENERATION_TAG = "gpujobs:generation"
+"""The gang's generation within its attempt, as decimal text (absent: 0): a regroup (`domain.regroup`)
+launches the replacement with the next one and raises the survivors' to it; the nodes rendezvous
+with the nodes of their own generation."""
 TEAM_TAG = "gpujobs:team"
 """On instances, and a session tag of the job role (its policy reads `aws:PrincipalTag/gpujobs:team`)."""
 SECRET_NAME_PREFIX = "gpujobs/"  # noqa: S105 (a name prefix, not a secret)
@@ -153,13 +157,15 @@ def job_log_group(stack: str) -> str:
     return f"/gpujobs/{stack}{JOB_LOG_GROUP_SUFFIX}"
 
 
-def job_log_stream(job_id: str, attempt: int, node: int, *, team: str | None) -> str:
+def job_log_stream(job_id: str, attempt: int, node: int, *, team: str | None, generation: int = 0) -> str:
     """`<team>/<job>/<attempt>/<node>`: one node's workload output (the container's stdout and stderr).
 
     The team comes first so that IAM can give a team's users its streams and no other's
     (`log-stream:<team>/*`, docs/security.md). `team=None` names a stream of an attempt launched by
-    a release before teams were in the names, `<job>/<attempt>/<node>`: those are only read."""
-    return f"{job_id}/{attempt}/{node}" if team is None else f"{team}/{job_id}/{attempt}/{node}"
+    a release before teams were in the names, `<job>/<attempt>/<node>`: those are only read. After a
+    regroup (`domain.regroup`) node `<node>` of the gang's generation `<g>` writes `.../<node>/g<g>`."""
+    stream = f"{job_id}/{attempt}/{node}" if team is None else f"{team}/{job_id}/{attempt}/{node}"
+    return f"{stream}/g{generation}" if generation else stream
 
 
 def bootstrap_log_stream(job_id: str, attempt: int, node: int, *, team: str | None) -> str:

@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 
 from gpujobs.contract import (
     ATTEMPT_TAG,
+    GENERATION_TAG,
     JOB_TAG,
     LIVE_STATES,
     NAME_TAG,
@@ -84,13 +85,16 @@ class Ec2Compute:
         return tuple(Subnet(sid, zones[sid]) for sid in self._subnet_ids if sid in zones)
 
     def tags(self, request: LaunchRequest) -> list[TagTypeDef]:
-        return [
+        tags: list[TagTypeDef] = [
             {"Key": STACK_TAG, "Value": self._stack},
             {"Key": JOB_TAG, "Value": request.job_id},
             {"Key": ATTEMPT_TAG, "Value": str(request.attempt)},
             {"Key": TEAM_TAG, "Value": request.team},
             {"Key": NAME_TAG, "Value": instance_display_name(request.name, request.attempt)},
         ]
+        if request.generation:  # a regroup's replacement (absent: generation 0)
+            tags.append({"Key": GENERATION_TAG, "Value": str(request.generation)})
+        return tags
 
     def network_interfaces(self, request: LaunchRequest) -> list[InstanceNetworkInterfaceSpecificationTypeDef]:
         """`domain.hardware`'s layout, each in the rung's subnet and the stack's and job's groups, no public IP."""
@@ -217,6 +221,11 @@ class Ec2Compute:
         if instance_ids:
             self._ec2.terminate_instances(InstanceIds=list(instance_ids))
 
+    def tag_generation(self, instance_ids: Sequence[str], generation: int) -> None:
+        if instance_ids:
+            tags: list[TagTypeDef] = [{"Key": GENERATION_TAG, "Value": str(generation)}]
+            self._ec2.create_tags(Resources=list(instance_ids), Tags=tags)
+
     def stop(self, instance_ids: Sequence[str]) -> None:
         if instance_ids:
             self._ec2.stop_instances(InstanceIds=list(instance_ids))
@@ -307,6 +316,8 @@ class Ec2Compute:
 
 
 def _launched(instance: InstanceTypeDef) -> LaunchedInstance:
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+    generation = tags.get(GENERATION_TAG, "0")
     return LaunchedInstance(
         instance_id=instance["InstanceId"],
         instance_type=instance["InstanceType"],
@@ -315,4 +326,5 @@ def _launched(instance: InstanceTypeDef) -> LaunchedInstance:
         launch_index=int(instance.get("AmiLaunchIndex", 0)),
         private_ip=instance.get("PrivateIpAddress"),
         state=instance.get("State", {}).get("Name", "pending"),
+        generation=int(generation) if generation.isdecimal() else 0,
     )

@@ -33,8 +33,33 @@ class LaunchTry(Frozen):
     message: Detail = ""
 
 
+class Regroup(Frozen):
+    """Spot is reclaiming some nodes of the attempt's gang, and only those are replaced
+    (`domain.regroup`): the survivors stay, and with the replacements form the gang's next
+    `generation`, at the same world size, in the same pool and placement group."""
+
+    lost: tuple[str, ...]
+    """The nodes spot is reclaiming: they left the gang (`Attempt.left`) at the warning."""
+    at: datetime
+    """The warning."""
+    generation: int
+    """The generation the survivors and the replacements form (the instances' `gpujobs:generation` tag)."""
+    replacements: tuple[str, ...] = ()
+    """The nodes launched in place of `lost`, once recorded."""
+    launched_at: datetime | None = None
+    """When the replacements were recorded: the regrouped gang's first-heartbeat clock starts here."""
+    refused_at: datetime | None = None
+    """When the replacement found no room (or was not launched in time): the whole gang was replaced instead."""
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for its replacements' launch."""
+        return not self.replacements and self.refused_at is None
+
+
 class Attempt(Frozen):
-    """One launch of the whole gang. A job's attempts are numbered from 1."""
+    """One launch of the whole gang. A job's attempts are numbered from 1. After a regroup its
+    `instance_ids` are the gang as it is now: the survivors and the replacements."""
 
     number: int
     started_at: datetime
@@ -77,6 +102,22 @@ class Attempt(Frozen):
     checkpoint_signalled_at: datetime | None = None
     idle_detection_off_at: datetime | None = None
     """When the reconciler found this attempt's idle alarms fed no GPU metric (`domain.idle_detection`)."""
+    generation: int = 0
+    """The gang's generation: 0 as launched, one more for each regroup whose replacements were launched."""
+    regroup: Regroup | None = None
+    """The newest regroup of the gang (`domain.regroup`), pending or done."""
+    left: tuple[str, ...] = ()
+    """Nodes that left the gang in regroups (spot reclaimed them): no longer in `instance_ids`."""
+
+    def whole_again(self) -> Attempt:
+        """The attempt with a pending regroup's lost nodes back in its gang (`domain.regroup`): it
+        ends like any reclaimed gang, every node's time paid and its end recorded."""
+        regroup = self.regroup
+        if regroup is None or not regroup.pending:
+            return self
+        back = tuple(i for i in regroup.lost if i not in self.instance_ids)
+        left = tuple(i for i in self.left if i not in regroup.lost)
+        return self.model_copy(update={"instance_ids": (*self.instance_ids, *back), "left": left})
 
     @property
     def all_gone(self) -> bool:

@@ -81,7 +81,8 @@ def checkpoint_signals(job: Job, attempt: Attempt) -> tuple[Effect, ...]:
 
 # ---- spot ---------------------------------------------------------------------------------------
 def on_spot_warning(job: Job, instance_id: str, *, now: datetime, action: str = "terminate") -> Decision:
-    """Checkpoint now, and launch the replacement at once in another pool.
+    """Checkpoint now, and launch the replacement at once in another pool; for one node of a gang
+    that may regroup, only that node's replacement, into its pool (`domain.regroup`).
 
     With a policy stop under way the reclaim completes that stop instead: no replacement is
     launched, and `settle` ends the job STOPPED with the stop's reason once the instances are gone.
@@ -89,6 +90,11 @@ def on_spot_warning(job: Job, instance_id: str, *, now: datetime, action: str = 
     attempt = running_attempt(job, instance_id)
     if attempt is None or attempt.interrupted_at is not None:
         return ignore(Outcome.ALREADY_HANDLED, f"the attempt of {instance_id} is already interrupted, replaced or over")
+    if job.require_spec().nodes > 1:
+        from gpujobs.domain import regroup  # a gang's only: one node's warning loads no more
+
+        if regroup.may_regroup(job, attempt, instance_id, now=now) is None:
+            return regroup.on_node_warning(job, attempt, instance_id, now=now)
     marked = job.with_attempt(attempt.model_copy(update={"interrupted_at": now}), now=now)
     detail = f"spot {action} warning for {instance_id}"
     signals = checkpoint_signals(job, attempt)
@@ -268,7 +274,7 @@ def settle(job: Job, *, now: datetime) -> Decision:
         update: dict[str, object] = {"ended_at": now, "end_reason": judgement.verdict.value}
         if judgement.verdict is Verdict.INTERRUPTED and attempt.interrupted_at is None:
             update["interrupted_at"] = now  # reclaimed without a warning: the replacement avoids its pool
-        changed = changed.with_attempt(attempt.model_copy(update=update), now=now)
+        changed = changed.with_attempt(attempt.whole_again().model_copy(update=update), now=now)
         effects.append(DeleteAlarms(attempt.instance_ids))
         notes.append(f"attempt {attempt.number} {judgement.verdict.value}")
         move = moves_for(changed, judgement) if job.is_current(attempt) else None

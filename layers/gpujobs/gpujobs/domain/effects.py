@@ -56,13 +56,24 @@ class SignalCheckpoint:
 
 
 @dataclass(frozen=True)
+class TagGeneration:
+    """Tag a regrouping gang's nodes with its generation (`domain.regroup`): a survivor whose
+    workload exited 75 rendezvous again with the nodes of its new generation."""
+
+    instance_ids: tuple[str, ...]
+    generation: int
+
+
+@dataclass(frozen=True)
 class Launch:
     """Start (or take over) the launch the job is due; carried out after every other effect."""
 
     job_id: str
 
 
-Effect = Terminate | Stop | TerminateJobInstances | CreateAlarms | DeleteAlarms | SignalCheckpoint | Launch
+Effect = (
+    Terminate | Stop | TerminateJobInstances | CreateAlarms | DeleteAlarms | SignalCheckpoint | TagGeneration | Launch
+)
 
 EFFECTS_FAILED = "EffectsFailed"
 """The metric a failed effect is counted in (dimension `Effect`: the AWS call that failed)."""
@@ -82,6 +93,8 @@ def aws_call_of(effect: Effect) -> str | None:
             return "DeleteAlarms"
         case SignalCheckpoint():
             return "SendCommand"
+        case TagGeneration():
+            return "CreateTags"
         case Launch():
             return None
 

@@ -221,12 +221,17 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
 
 
 def interruption_moves(job: Job, *, already_counted: bool = False) -> Move:
-    """RUNNING -> INTERRUPTED, then a replacement, unless a spot-only job is past its limit."""
+    """RUNNING -> INTERRUPTED, then a replacement, unless a spot-only job is past its limit. A gang
+    that ended while it waited for a node's replacement (`domain.regroup`) is the reclaim its
+    warning counted already: it is replaced whole, not counted again."""
     spec = job.require_spec()
+    attempt = job.current_attempt
+    regrouping = attempt is not None and attempt.regroup is not None and attempt.regroup.pending
+    already_counted = already_counted or regrouping  # the node's reclaim was counted at its warning
     interruptions = job.interruptions + (0 if already_counted else 1)
     steps: list[tuple[JobState, Reason]] = []
     if job.state is JobState.RUNNING:
-        steps.append((JobState.INTERRUPTED, Reason.SPOT_INTERRUPTION))
+        steps.append((JobState.INTERRUPTED, Reason.NO_ROOM_FOR_NODE if regrouping else Reason.SPOT_INTERRUPTION))
     if spec.capacity is Capacity.SPOT and interruptions > spec.max_interruptions:
         steps.append((JobState.FAILED, Reason.INTERRUPTED_TOO_OFTEN))
         return Move(tuple(steps), relaunch=False, counts_interruption=not already_counted)

@@ -7,7 +7,9 @@ compile). One that reported and then went silent for `trainer.heartbeat_overdue_
 (a collective waiting for a peer that will never come, a deadlocked loader). One that has not
 reported its first heartbeat `trainer.first_heartbeat_minutes` after its attempt started is stuck
 before training began (NCCL or EFA initialisation waiting on a peer, an image pull that never
-ends): without this limit only `max_runtime_minutes` (a day by default) would end it. Either way
+ends): without this limit only `max_runtime_minutes` (a day by default) would end it. A gang that
+regrouped (`domain.regroup`: a node replaced in place) starts again like a new one: its first
+heartbeat after the replacement's launch is held to the same limit. Either way
 its gang is terminated and the attempt ends like any lost gang, so the job resumes from its last
 checkpoint.
 
@@ -47,10 +49,16 @@ def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = 
     if job.state is not JobState.RUNNING or attempt is None or attempt.is_over:
         return None
     spec = job.require_spec()
+    regroup = attempt.regroup
+    if regroup is not None and regroup.pending:
+        return None  # the gang waits for a node's launch, bounded by `regroup.LAUNCH_LIMIT`
+    regrouped_at = regroup.launched_at if regroup is not None else None
     if attempt.last_heartbeat_at is None:
         if not spec.checkpoint.takes_checkpoint_requests:
             return None
         limit, since, what = spec.trainer.first_heartbeat, launched_at(job, attempt), "no first heartbeat"
+    elif regrouped_at is not None and attempt.last_heartbeat_at < regrouped_at:
+        limit, since, what = spec.trainer.first_heartbeat, regrouped_at, "no first heartbeat after the gang regrouped"
     else:
         limit, since, what = spec.trainer.heartbeat_overdue, attempt.last_heartbeat_at, "no heartbeat"
     if reports_throttled_at is not None and reports_throttled_at > since:

@@ -26,6 +26,7 @@ from gpujobs.domain.attempts import (
     Attempt,
     LaunchTry,
     PoolUsage,
+    Regroup,
     RetiredAttempts,
 )
 from gpujobs.domain.spec import JobSpec
@@ -46,6 +47,7 @@ __all__ = [
     "Ledgered",
     "Market",
     "PoolUsage",
+    "Regroup",
     "RetiredAttempts",
     "StopRequest",
     "cap_detail",

@@ -146,7 +146,8 @@ def decide(job: Job, *, attempt: int, instance_id: str) -> Grant:
         raise SessionRefusedError(Refusal.ATTEMPT_OVER, f"{where}: over ({current.end_reason or 'ended'})")
     if not current.instance_ids:
         raise SessionRefusedError(Refusal.ATTEMPT_NOT_YET_RECORDED, f"{where}: its instances are not recorded yet")
-    if instance_id not in current.instance_ids:
+    leaving = current.regroup is not None and instance_id in current.regroup.lost
+    if instance_id not in current.instance_ids and not leaving:  # a reclaimed node still saves its part
         listed = ", ".join(current.instance_ids)
         raise SessionRefusedError(Refusal.NOT_IN_ATTEMPT, f"{where}: {instance_id} is not one of {listed}")
     if instance_id in current.gone:

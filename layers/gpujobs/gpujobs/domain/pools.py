@@ -73,16 +73,18 @@ class Reclaim:
 
 
 def reclaims_of(job: Job) -> list[Reclaim]:
-    """The spot reclaims the job's record shows (moves are not reclaims)."""
-    return [
-        Reclaim(a.instance_type, a.zone, a.interrupted_at, f"{job.job_id}#{a.number}")
-        for a in job.attempts
-        if a.interrupted_at is not None
-        and a.market is Market.SPOT
-        and not a.moved
-        and a.instance_type is not None
-        and a.zone is not None
-    ]
+    """The spot reclaims the job's record shows (moves are not reclaims): its attempts' and its
+    gangs' newest node reclaims (`domain.regroup`)."""
+    found = []
+    for a in job.attempts:
+        if a.market is not Market.SPOT or a.instance_type is None or a.zone is None:
+            continue
+        if a.interrupted_at is not None and not a.moved:
+            found.append(Reclaim(a.instance_type, a.zone, a.interrupted_at, f"{job.job_id}#{a.number}"))
+        if a.regroup is not None and a.regroup.at != a.interrupted_at:
+            key = f"{job.job_id}#{a.number}g{a.regroup.generation}"
+            found.append(Reclaim(a.instance_type, a.zone, a.regroup.at, key))
+    return found
 
 
 def risk(reclaims: Iterable[Reclaim], *, now: datetime) -> dict[tuple[str, str], float]:

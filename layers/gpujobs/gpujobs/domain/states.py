@@ -74,6 +74,9 @@ class Reason(StrEnum):
     ADMISSION_WAIT = "admission-wait"
     ADMITTED = "admitted"
     PREEMPTED = "preempted"
+    NODE_RECLAIMED = "node-reclaimed"
+    NODE_REPLACED = "node-replaced"
+    NO_ROOM_FOR_NODE = "no-room-for-node"
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,21 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition(INT, Q, Reason.PREEMPTED, "preempted while being replaced; it waits its turn again"),
     Transition(R, INT, Reason.SPOT_INTERRUPTION, "a spot warning or a preempted exit; checkpoint and replace"),
+    Transition(
+        R,
+        R,
+        Reason.NODE_RECLAIMED,
+        "a spot warning for one node of a gang: the gang checkpoints, the survivors stay and wait for its replacement",
+    ),
+    Transition(
+        R, R, Reason.NODE_REPLACED, "the reclaimed node's replacement was launched into its pool: the gang regroups"
+    ),
+    Transition(
+        R,
+        INT,
+        Reason.NO_ROOM_FOR_NODE,
+        "the reclaimed node's pool had no room for its replacement: the whole gang is replaced instead",
+    ),
     Transition(R, INT, Reason.INSTANCE_LOST, "spot instances vanished without a report; replace"),
     Transition(R, INT, Reason.DEADLINE_MARKET, "the deadline wants the other market; checkpoint and replace"),
     Transition(

@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 
 from gpujobs.domain.attempts import BOOT_ALLOWANCE, RESTORE_ALLOWANCE
 from gpujobs.domain.effects import Decision, Launch, Outcome, SignalCheckpoint, ignore, live_instances
-from gpujobs.domain.job import Job, Market
+from gpujobs.domain.job import HistoryEntry, Job, Market
 from gpujobs.domain.spec import Capacity, CheckpointMode
 from gpujobs.domain.states import JobState, Reason
 
@@ -68,11 +68,20 @@ MOVE_RETRY = timedelta(minutes=10)
 checkpoint and a ladder walk, never the running attempt."""
 
 
+def is_spot_reclaim(entry: HistoryEntry) -> bool:
+    """The transition says spot took (a node of) the running gang: the attempt's end, or one node
+    whose replacement joins the survivors (`domain.regroup`). A regroup that then finds no room is
+    the same reclaim, not another."""
+    if entry.target is JobState.INTERRUPTED:
+        return entry.reason in SPOT_RECLAIMS
+    return entry.target is JobState.RUNNING and entry.reason is Reason.NODE_RECLAIMED
+
+
 def spot_interruptions(job: Job) -> list[datetime]:
     """When spot took the job's running attempts, oldest first (moves are not interruptions), read
     from its history: the record keeps its newest 40 transitions (three or so per interruption) but
     only four finished attempts, which a job moving between markets goes through in an hour."""
-    return [e.at for e in job.history if e.target is JobState.INTERRUPTED and e.reason in SPOT_RECLAIMS]
+    return [e.at for e in job.history if is_spot_reclaim(e)]
 
 
 def volatile(job: Job, *, now: datetime) -> bool:
@@ -115,9 +124,7 @@ def failed_returns(job: Job, *, now: datetime) -> int:
         landed = next((e for e in history[i + 1 :] if e.source is JobState.LAUNCHING), None)
         if landed is None or landed.reason is not Reason.INSTANCES_LAUNCHED:
             continue  # no spot room: the on-demand attempt trained on, no return
-        reclaimed = next(
-            (e for e in history[i + 1 :] if e.target is JobState.INTERRUPTED and e.reason in SPOT_RECLAIMS), None
-        )
+        reclaimed = next((e for e in history[i + 1 :] if is_spot_reclaim(e)), None)
         count += reclaimed is not None and reclaimed.at - landed.at < VOLATILE_GAP
     return count
 

@@ -35,7 +35,12 @@ from typing import Any
 from gpujobs.instance import aws
 from gpujobs.instance.cloudwatch_agent import GpuMetrics
 from gpujobs.instance.cloudwatch_logs import LogShipper
-from gpujobs.instance.contract import BOOTSTRAP_LOG_STREAM_SUFFIX, EXIT_BOOTSTRAP_FAILED, job_log_stream
+from gpujobs.instance.contract import (
+    BOOTSTRAP_LOG_STREAM_SUFFIX,
+    EXIT_BOOTSTRAP_FAILED,
+    EXIT_PREEMPTED,
+    job_log_stream,
+)
 from gpujobs.instance.credentials import JobCredentials, instance_identity_signer
 from gpujobs.instance.errors import StoppedError
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
@@ -45,13 +50,16 @@ from gpujobs.instance.imds import Imds
 from gpujobs.instance.job_secrets import resolve_secrets
 from gpujobs.instance.log import SINKS, log
 from gpujobs.instance.outputs import Outputs
-from gpujobs.instance.rendezvous import rendezvous
+from gpujobs.instance.rendezvous import Place, rendezvous, wait_for_regroup
 from gpujobs.instance.report import exit_detail, publish_exit
 from gpujobs.instance.rundoc import load_document
 from gpujobs.instance.runtimes import DockerRuntime, ProcessRuntime, Runtime
 from gpujobs.instance.signing import signed_exit
 from gpujobs.instance.workload_env import container_env
 
+REGROUP_WAIT = 120.0
+"""How long a survivor whose workload stopped at another node's warning waits for its generation to be
+raised (the control plane tags it as it decides the regroup: seconds, unless its events are late)."""
 GPU_METRICS_WAIT = 15.0
 """At the exit, how long an agent setup still running may hold up the report (it then says `pending`)."""
 
@@ -97,6 +105,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=240.0,
         metavar="SECONDS",
         help="longest wait for the interrupted attempt (the document's wait_for_attempt) to end",
+    )
+    parser.add_argument(
+        "--regroup-wait",
+        type=float,
+        default=REGROUP_WAIT,
+        metavar="SECONDS",
+        help="after the workload stopped at a warning for another node: longest wait for the gang to regroup",
     )
     parser.add_argument("--event-bus", default="", help="bus for the exit event if the document is unreadable")
     parser.add_argument(
@@ -145,20 +160,11 @@ def _run(
     state["doc"] = doc
     state["region"] = doc["region"] or facts["region"]
     log(f"job {doc['job_id']} attempt {doc['attempt']} on {facts['instance_id']}")
-    rank, master = rendezvous(
-        clients("ec2"),
-        job_id=doc["job_id"],
-        attempt=doc["attempt"],
-        nodes=doc["nodes"],
-        instance_id=facts["instance_id"],
-        own_ip=facts["local_ipv4"],
-        timeout=args.rendezvous_timeout,
-    )
-    state["rank"] = rank
-    master = args.master_addr or master
+    place = _rendezvous(args, clients, doc, facts)
+    state["rank"] = place.rank
     if args.master_port is not None:
         doc = {**doc, "master_port": args.master_port}
-    runtime = _runtime(args, doc, rank=rank, region=state["region"], clients=clients, log_to=bootstrap_log)
+    runtime = _runtime(args, doc, place, region=state["region"], clients=clients, log_to=bootstrap_log)
     job_clients: aws.Clients = clients
     agent_env: dict[str, str] = {}
     private: dict[str, str] = {}
@@ -179,29 +185,106 @@ def _run(
         _wait_for_previous_attempt(doc, ec2=clients("ec2"), s3=job_clients("s3"), timeout=args.wait_timeout)
     private.update(resolve_secrets(doc["secrets"], job_clients))
     folder, output_dir = runtime.outputs_folder() if doc["outputs_uri"] else ("", "")
-    env = container_env(
-        doc,
-        rank=rank,
-        master_addr=master,
-        instance_id=facts["instance_id"],
-        region=state["region"],
-        output_dir=output_dir,
-        staging_dir=runtime.staging_folder(staging_base(doc, facts["instance_type"])),
-        socket_interface=_primary_interface(facts["local_ipv4"]),
-    )
     _use_efa(runtime, doc, facts["instance_type"])
-    env.update(agent_env)
-    log(f"starting the workload as node {rank} of {doc['nodes']}, master {master}")
+    staging = runtime.staging_folder(staging_base(doc, facts["instance_type"]))
+    interface = _primary_interface(facts["local_ipv4"])
+    while True:
+        env = container_env(
+            doc,
+            rank=place.rank,
+            master_addr=args.master_addr or place.master,
+            instance_id=facts["instance_id"],
+            region=state["region"],
+            output_dir=output_dir,
+            staging_dir=staging,
+            socket_interface=interface,
+        )
+        env.update(agent_env)
+        code = _train(runtime, doc, env, private, stopper=stopper, place=place, outputs=(folder, job_clients))
+        regrouped = _regroup(args, clients, doc, facts, place, code=code, stopper=stopper, imds=imds)
+        if regrouped is None or stopper.signum:  # a stop during the wait ends the node's part too
+            break
+        place = regrouped
+        state["rank"] = place.rank
+        if doc["log_group"]:  # its output now goes to its new rank's stream of the new generation
+            runtime.send_output_to(
+                group=doc["log_group"], stream=_stream(doc, place), region=state["region"], clients=clients
+            )
+    signalled = f" after signal {stopper.signum}" if stopper.signum else ""
+    return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
+
+
+def _rendezvous(args: argparse.Namespace, clients: aws.Clients, doc: dict[str, Any], facts: dict[str, Any]) -> Place:
+    return rendezvous(
+        clients("ec2"),
+        job_id=doc["job_id"],
+        attempt=doc["attempt"],
+        nodes=doc["nodes"],
+        instance_id=facts["instance_id"],
+        own_ip=facts["local_ipv4"],
+        timeout=args.rendezvous_timeout,
+    )
+
+
+def _train(
+    runtime: Runtime,
+    doc: dict[str, Any],
+    env: dict[str, str],
+    private: dict[str, str],
+    *,
+    stopper: _Stopper,
+    place: Place,
+    outputs: tuple[str, aws.Clients],
+) -> int:
+    """Run the workload once, as node `place.rank` of its gang, and return its exit code."""
+    folder, job_clients = outputs
+    master = env.get("GPUJOBS_MASTER_ADDR", place.master)
+    log(f"starting the workload as node {place.rank} of {doc['nodes']}, master {master}")
     stopper.timeout, stopper.starting = doc["stop_timeout_seconds"], True
     runtime.start(doc, env, private)
     stopper.runtime = runtime
     if stopper.signum:  # arrived while starting
         runtime.stop(stopper.signum, stopper.timeout)
-    outputs = Outputs(folder, job_clients, uri=doc["outputs_uri"], node_rank=rank) if folder else nullcontext()
-    with outputs:  # requests served while the workload runs, the rest uploaded when it ends
+    kept = Outputs(folder, job_clients, uri=doc["outputs_uri"], node_rank=place.rank) if folder else nullcontext()
+    with kept:  # requests served while the workload runs, the rest uploaded when it ends
         code = runtime.wait()
-    signalled = f" after signal {stopper.signum}" if stopper.signum else ""
-    return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
+    stopper.runtime = None  # until a regroup starts it again, a signal is only remembered (`starting`)
+    return code
+
+
+def _regroup(
+    args: argparse.Namespace,
+    clients: aws.Clients,
+    doc: dict[str, Any],
+    facts: dict[str, Any],
+    place: Place,
+    *,
+    code: int,
+    stopper: _Stopper,
+    imds: Imds,
+) -> Place | None:
+    """This node's place in its regrouped gang, when the workload stopped at a warning for another
+    node (it saved and exited 75 with the gang, nobody signalled this bootstrap and spot did not warn
+    this instance) and the control plane raises this node's generation within `--regroup-wait` (a
+    signal ends the wait); None: its part is over."""
+    if code != EXIT_PREEMPTED or stopper.signum or doc["nodes"] < 2 or doc["checkpoint_mode"] != "gpujobs":
+        return None
+    if imds.spot_notice():
+        log("spot is reclaiming this instance: its part of the attempt is over")
+        return None
+    log(f"the workload stopped at a warning: waiting up to {args.regroup_wait:.0f}s for the gang to regroup")
+    raised = wait_for_regroup(
+        clients("ec2"),
+        instance_id=facts["instance_id"],
+        above=place.generation,
+        timeout=args.regroup_wait,
+        stopped=lambda: bool(stopper.signum),
+    )
+    if raised is None:
+        log("the gang does not regroup around this node: its part of the attempt is over")
+        return None
+    log(f"the gang regroups as generation {raised}: a replacement joins it, rendezvous again")
+    return _rendezvous(args, clients, doc, facts)
 
 
 def _read_file(path: str) -> bytes:
@@ -266,7 +349,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _runtime(
-    args: argparse.Namespace, doc: dict[str, Any], *, rank: int, region: str, clients: aws.Clients, log_to: LogShipper
+    args: argparse.Namespace,
+    doc: dict[str, Any],
+    place: Place,
+    *,
+    region: str,
+    clients: aws.Clients,
+    log_to: LogShipper,
 ) -> Runtime:
     """The runtime `args` name; with a log group, this node's output and this log are sent there."""
     runtime: Runtime = (
@@ -275,11 +364,16 @@ def _runtime(
         else DockerRuntime()
     )
     if doc["log_group"]:
-        stream = job_log_stream(doc["job_id"], doc["attempt"], rank, team=doc["team"] or None)
+        stream = _stream(doc, place)
         log_to.open(doc["log_group"], stream + BOOTSTRAP_LOG_STREAM_SUFFIX)
         runtime.send_output_to(group=doc["log_group"], stream=stream, region=region, clients=clients)
         log(f"the workload's output goes to CloudWatch Logs {doc['log_group']} {stream}")
     return runtime
+
+
+def _stream(doc: dict[str, Any], place: Place) -> str:
+    team = doc["team"] or None
+    return job_log_stream(doc["job_id"], doc["attempt"], place.rank, team=team, generation=place.generation)
 
 
 def _close_bootstrap_log(bootstrap_log: LogShipper, state: dict[str, Any]) -> None:

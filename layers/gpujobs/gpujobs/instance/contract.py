@@ -13,6 +13,9 @@ TAG_JOB_ID = "gpujobs:job-id"
 """Instance tag the launcher sets: the job an instance runs."""
 TAG_ATTEMPT = "gpujobs:attempt"
 """Instance tag the launcher sets: the attempt number, in decimal."""
+TAG_GENERATION = "gpujobs:generation"
+"""Instance tag: the gang's generation within the attempt, in decimal (absent: 0). The control plane
+raises a survivor's when a reclaimed node's replacement joins the gang (rendezvous.py)."""
 WORKLOAD_UID = 10001
 """The uid the container runs as (the training image's USER; `docker run --user`), owner of its mounted folders."""
 
@@ -47,6 +50,9 @@ def job_session_purpose(stack: str, job_id: str, attempt: int) -> str:
 
 EXIT_BOOTSTRAP_FAILED = 125
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
+EXIT_PREEMPTED = 75
+"""The trainer's exit after a preemption's checkpoint committed (EX_TEMPFAIL): a survivor of another
+node's warning may regroup (bootstrap.py)."""
 
 RENDEZVOUS_STATES = ("pending", "running")
 """States of an instance that can still join its attempt's rendezvous."""
@@ -76,7 +82,9 @@ BOOTSTRAP_LOG_STREAM_SUFFIX = "/bootstrap"
 """A node's bootstrap log stream is its workload stream's name plus this suffix."""
 
 
-def job_log_stream(job_id: str, attempt: int, node: int, *, team: str | None) -> str:
+def job_log_stream(job_id: str, attempt: int, node: int, *, team: str | None, generation: int = 0) -> str:
     """`<team>/<job>/<attempt>/<node>`: one node's workload output in the job log group; without a
-    team (a run document of a release before teams were in the names) `<job>/<attempt>/<node>`."""
-    return f"{job_id}/{attempt}/{node}" if team is None else f"{team}/{job_id}/{attempt}/{node}"
+    team (a run document of a release before teams were in the names) `<job>/<attempt>/<node>`.
+    A regrouped gang's (generation above 0) are `.../<node>/g<generation>`."""
+    stream = f"{job_id}/{attempt}/{node}" if team is None else f"{team}/{job_id}/{attempt}/{node}"
+    return f"{stream}/g{generation}" if generation else stream

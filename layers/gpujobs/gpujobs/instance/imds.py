@@ -52,6 +52,14 @@ class Imds:
             self._token = self._call("PUT", "/latest/api/token", ttl).decode()
         return self._call("GET", path, {"X-aws-ec2-metadata-token": self._token})
 
+    def spot_notice(self) -> bool:
+        """Spot has announced this instance's interruption (`spot/instance-action`; 404: none)."""
+        try:
+            self.get("/latest/meta-data/spot/instance-action")
+        except BootstrapError:
+            return False
+        return True
+
     def facts(self) -> dict[str, Any]:
         """instance_id, instance_type, launch_index, local_ipv4 and region of this instance."""
         meta = {

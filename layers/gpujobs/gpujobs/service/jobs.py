@@ -43,6 +43,7 @@ from gpujobs.service.ports import (
 if TYPE_CHECKING:
     from gpujobs.domain.teams import TeamDirectory
     from gpujobs.service.launcher import Launcher
+    from gpujobs.service.regroups import Regrouper
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +216,18 @@ class JobService:
                 job_id, lambda job: wait_for_admission(job, blocked=Blocked.BEHIND, detail=busy, now=now)
             )
         owned = applied.after
+        attempt = owned.current_attempt
+        if owned.state is JobState.RUNNING and attempt is not None and attempt.regroup is not None:
+            return self._regrouper.launch(owned, held=hold(owned))  # if it waits for a node's replacement
         if applied.decision.outcome is not Outcome.LAUNCH_CLAIMED:  # not due, or held by the budget
             return owned
         return self._launcher.walk(owned, spot_only=policy(owned).mode is BudgetMode.SPOT_ONLY)
+
+    @functools.cached_property
+    def _regrouper(self) -> Regrouper:
+        from gpujobs.service.regroups import Regrouper
+
+        return Regrouper(self._launcher)
 
     @functools.cached_property
     def _launcher(self) -> Launcher:

@@ -125,7 +125,7 @@ class Launcher:
             target, reason, detail = planned
             return self._end_launch(job, list(attempt.tries), target, reason, detail)
         ladder = planned
-        user_data = self._user_data(job, attempt)
+        user_data = self.user_data(job, attempt)
         security_group = self.ports.compute.job_security_group(job.job_id) if ladder else None
         tries = list(attempt.tries)
         for rung in _untried(ladder, attempt.tries):
@@ -287,7 +287,8 @@ class Launcher:
             efa_interfaces=efa_interfaces(self.config.hardware, instance_type=rung.instance_type, nodes=spec.nodes),
         )
 
-    def _user_data(self, job: Job, attempt: Attempt) -> str | bytes:
+    def user_data(self, job: Job, attempt: Attempt) -> str | bytes:
+        """The attempt's run document as user data (a pointer to it in S3 when it is too large)."""
         doc = run_document(
             job,
             attempt,

@@ -119,6 +119,8 @@ class LaunchRequest:
     """The job's own security group (self-ingress only), attached beside the stack's egress group."""
     efa_interfaces: int = 0
     """EFA interfaces per instance, one per network card (`domain.hardware`); 0 launches one plain interface."""
+    generation: int = 0
+    """The gang generation the instances join (`contract.GENERATION_TAG`): above 0 for a regroup's replacement."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class LaunchedInstance:
     launch_index: int = 0
     private_ip: str | None = None
     state: str = "pending"
+    generation: int = 0
 
 
 class CapacityError(Exception):
@@ -178,6 +181,9 @@ class Compute(Protocol):
         """Non-terminated instances tagged with this job (and attempt)."""
 
     def terminate(self, instance_ids: Sequence[str]) -> None: ...
+
+    def tag_generation(self, instance_ids: Sequence[str], generation: int) -> None:
+        """Set the instances' gang generation tag (`contract.GENERATION_TAG`); idempotent."""
 
     def state_reason(self, instance_id: str) -> str | None:
         """EC2's `StateReason` of a gone instance (kept about an hour), e.g. `Client.InternalError`; None: none."""

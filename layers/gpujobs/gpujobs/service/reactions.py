@@ -140,6 +140,12 @@ class Reactions:
         """Instances the reconciler found gone without an event; judged by the next `settle()`."""
         return self._react(job_id, lambda job, now: decisions.on_gone(job, instance_ids, now=now), current=current)
 
+    def regroup(self, job_id: str, *, current: Job | None = None) -> Reaction:
+        """A regrouping gang's tags and replacement launch, issued again (`domain.regroup.repair`)."""
+        from gpujobs.domain import regroup  # the reconciler's only
+
+        return self._react(job_id, lambda job, now: regroup.repair(job, now=now), current=current)
+
     def settle(self, job_id: str, *, current: Job | None = None) -> Reaction:
         """Judge every unfinished attempt from its record and move the job accordingly."""
         return self._react(job_id, lambda job, now: decisions.settle(job, now=now), current=current)

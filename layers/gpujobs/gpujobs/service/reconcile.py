@@ -229,6 +229,11 @@ class Reconciler:
             current = moved.job or current
             if moved.outcome is Outcome.MARKET_CHANGED:
                 report.count(Repair.MARKET_MOVES)
+        if current.state is JobState.RUNNING and current.current_attempt and current.current_attempt.regroup:
+            regrouped = reactions.regroup(job.job_id, current=current)
+            current = regrouped.job or current
+            if regrouped.outcome is Outcome.INTERRUPTED:
+                report.count(Repair.REGROUPS_GIVEN_UP)
         self._check_heartbeat(current, now, report, reports_throttled_at)
         settled = reactions.settle(job.job_id, current=current)
         if settled.outcome is Outcome.CHECKPOINT_RESENT:

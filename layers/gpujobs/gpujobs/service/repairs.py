@@ -20,6 +20,7 @@ class Repair(StrEnum):
     RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN = "running repairs deferred to the next run"
     """Running jobs this run had no time left to repair; the least recently updated go first."""
     MARKET_MOVES = "market moves"
+    REGROUPS_GIVEN_UP = "regroups whose replacement was not launched in time"
     ATTEMPTS_SETTLED = "attempts settled"
     STOP_CHECKPOINTS_RESENT = "stop checkpoints resent"
     """A policy stop's checkpoint-now sent again: no commit newer than its request yet."""

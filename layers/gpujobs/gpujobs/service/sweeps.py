@@ -49,7 +49,7 @@ class StackSweeps:
         for inst in instances:
             if inst.job_id in unreadable:
                 continue  # its job may well be running them: nothing here can tell
-            if now - inst.launched_at >= ORPHAN_GRACE and _is_orphan(active.get(inst.job_id), inst):
+            if now - inst.launched_at >= ORPHAN_GRACE and _is_orphan(active.get(inst.job_id), inst, now):
                 suspects[inst.job_id].append(inst)
         orphans: list[str] = []
         for job_id, candidates in suspects.items():
@@ -58,7 +58,7 @@ class StackSweeps:
             except UnreadableJobError:
                 report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates))
                 continue
-            confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i)]
+            confirmed = [i.instance_id for i in candidates if _is_orphan(fresh, i, now)]
             if len(confirmed) < len(candidates):
                 report.count(Repair.ORPHANS_SPARED_BY_A_CONSISTENT_READ, len(candidates) - len(confirmed))
             orphans += confirmed
@@ -146,16 +146,21 @@ class StackSweeps:
             return None
 
 
-def _is_orphan(job: Job | None, inst: TaggedInstance) -> bool:
+def _is_orphan(job: Job | None, inst: TaggedInstance, now: datetime) -> bool:
     """An instance no active attempt accounts for: its job is unknown or over, its attempt unknown,
-    or its attempt ended while the instance still runs. The stopped instances of the last attempt
-    of a job that ended STOPPED are kept on purpose (see the module docstring)."""
+    or its attempt ended while the instance still runs, or it left its attempt's gang in a regroup
+    whose warning window and grace are over (`domain.regroup.left_the_gang`). The stopped instances
+    of the last attempt of a job that ended STOPPED are kept on purpose (see the module docstring)."""
     if job is not None and job.state is JobState.STOPPED and inst.state in STOPPED_STATES:
         current = job.current_attempt
         return current is None or current.number != inst.attempt
     if job is None or job.state.is_terminal:
         return True
     attempt = job.attempt(inst.attempt)
+    if attempt is not None and not attempt.is_over and attempt.left and inst.state in UP_STATES:
+        from gpujobs.domain.regroup import left_the_gang  # a regrouped gang's only
+
+        return left_the_gang(attempt, inst.instance_id, now=now)
     return attempt is None or (attempt.is_over and inst.state in UP_STATES)
 
 
