@@ -268,3 +268,18 @@ def test_a_node_that_left_the_gang_is_spared_while_it_saves_and_taken_if_spot_do
     after = world.store.get(job.job_id)
     assert after.state is JobState.RUNNING
     assert all(world.compute.instances[i].state == "running" for i in after.instance_ids)
+
+
+def test_a_gang_an_older_release_launched_is_replaced_whole(world: World) -> None:
+    """Its instances run that release's bootstrap, which would never rendezvous again."""
+    job = running_gang(world)
+    attempt = job.current_attempt
+    assert attempt is not None
+    assert attempt.can_regroup  # what this release records
+    older = world.store.save(job.with_attempt(attempt.model_copy(update={"can_regroup": False}), now=job.updated_at))
+
+    world.reactions.spot_warning(older.instance_ids[-1])
+
+    after = world.store.get(job.job_id)
+    assert Reason.NODE_RECLAIMED not in reasons(after)
+    assert [a.number for a in after.attempts] == [1, 2]

@@ -104,6 +104,9 @@ class Attempt(Frozen):
     """When the reconciler found this attempt's idle alarms fed no GPU metric (`domain.idle_detection`)."""
     generation: int = 0
     """The gang's generation: 0 as launched, one more for each regroup whose replacements were launched."""
+    can_regroup: bool = False
+    """Launched by a release whose instances regroup (`domain.regroup`): a gang an older release launched
+    runs its older bootstrap and trainer, which would not, and is replaced whole."""
     regroup: Regroup | None = None
     """The newest regroup of the gang (`domain.regroup`), pending or done."""
     left: tuple[str, ...] = ()

@@ -199,6 +199,7 @@ def record_launch(
             "tries": tries,
             "lease_expires_at": None,
             "exit_codes": _exit_codes_by_instance(attempt, gang.instance_ids),
+            "can_regroup": True,
         }
     )
     detail = f"{len(gang.instance_ids)} x {gang.instance_type} {gang.market} in {gang.zone}"

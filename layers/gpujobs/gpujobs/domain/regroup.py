@@ -29,7 +29,8 @@ document into the attempt's pool (type, subnet, market) and group. Its decisions
 - `left_the_gang`: a node that left stays up no longer than `LAUNCH_LIMIT` after its warning (it
   saved and exited long since): should spot not take it, the reconciler's orphan sweep does.
 
-A regroup is never tried where the old path is the policy's choice: a job that does not take
+A regroup is never tried for a gang an older release launched (`Attempt.can_regroup`: its instances
+run that release's bootstrap and trainer), nor where the old path is the policy's choice: a job that does not take
 checkpoint requests (its survivors would not save and exit 75 together), a stop or a move under way,
 a spot job at its interruption limit, a job whose next launch must not be spot (volatile spot, a
 deadline that wants on-demand), a gang already waiting for a replacement, or one with a node gone.
@@ -90,6 +91,8 @@ def may_regroup(job: Job, attempt: Attempt, instance_id: str, *, now: datetime) 
     spec = job.require_spec()
     if spec.nodes < 2 or len(attempt.instance_ids) != spec.nodes or instance_id not in attempt.instance_ids:
         return "a single node, or not a node of the whole gang"
+    if not attempt.can_regroup:
+        return "launched by a release whose instances do not regroup"
     if not spec.checkpoint.takes_checkpoint_requests:
         return f"checkpoint mode {spec.checkpoint.value}: the survivors would not save and wait together"
     if attempt.market is not Market.SPOT or attempt.subnet_id is None or attempt.instance_type is None:
