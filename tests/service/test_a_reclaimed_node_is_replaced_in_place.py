@@ -124,19 +124,24 @@ def test_no_room_in_the_gangs_pool_replaces_the_whole_gang_counting_the_reclaim_
     assert world.compute.instances[survivor].state == "terminated"
 
 
-def test_a_launch_lost_with_its_handler_is_launched_by_the_reconciler(world: World) -> None:
-    job = running_gang(world)
-    _, lost = job.instance_ids
+def warned_as_run_instances_fails(world: World, instance_id: str, why: str) -> None:
+    """The warning's handler dies at its RunInstances (a timeout, throttling): the regroup is recorded, not launched."""
 
     def crash(_request: object) -> None:
-        raise InjectedFaultError("the spot function timed out before RunInstances")
+        raise InjectedFaultError(why)
 
     world.compute.on_run = crash
     with pytest.raises(InjectedFaultError):
-        world.reactions.spot_warning(lost)
+        world.reactions.spot_warning(instance_id)
+    world.compute.on_run = None
+
+
+def test_a_launch_lost_with_its_handler_is_launched_by_the_reconciler(world: World) -> None:
+    job = running_gang(world)
+    _, lost = job.instance_ids
+    warned_as_run_instances_fails(world, lost, "the spot function timed out before RunInstances")
     assert regroup.pending_regroup(world.store.get(job.job_id)) is not None
 
-    world.compute.on_run = None
     world.clock.advance(minutes=1)
     world.reconciler.run()
 
@@ -149,15 +154,8 @@ def test_a_launch_lost_with_its_handler_is_launched_by_the_reconciler(world: Wor
 def test_a_replacement_not_launched_in_time_gives_the_regroup_up(world: World) -> None:
     job = running_gang(world)
     _, lost = job.instance_ids
-
-    def crash(_request: object) -> None:
-        raise InjectedFaultError("RunInstances throttled")
-
-    world.compute.on_run = crash
-    with pytest.raises(InjectedFaultError):
-        world.reactions.spot_warning(lost)
+    warned_as_run_instances_fails(world, lost, "RunInstances throttled")
     world.clock.advance(seconds=regroup.LAUNCH_LIMIT.total_seconds())
-    world.compute.on_run = None
     report = world.reconciler.run()
 
     after = world.store.get(job.job_id)
@@ -171,13 +169,7 @@ def test_a_second_warning_while_the_gang_waits_replaces_the_whole_gang(world: Wo
     job = running_gang(world, nodes=3)
     _a, b, c = job.instance_ids
 
-    def hold(_request: object) -> None:
-        raise InjectedFaultError("not yet")
-
-    world.compute.on_run = hold
-    with pytest.raises(InjectedFaultError):
-        world.reactions.spot_warning(c)
-    world.compute.on_run = None
+    warned_as_run_instances_fails(world, c, "not launched yet")
     world.reactions.spot_warning(b)
 
     after = world.store.get(job.job_id)
