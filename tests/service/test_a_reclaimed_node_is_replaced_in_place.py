@@ -275,3 +275,19 @@ def test_a_gang_an_older_release_launched_is_replaced_whole(world: World) -> Non
     after = world.store.get(job.job_id)
     assert Reason.NODE_RECLAIMED not in reasons(after)
     assert [a.number for a in after.attempts] == [1, 2]
+
+
+def test_a_stop_while_the_gang_waits_for_its_replacement_launches_none_and_stops_the_survivors(world: World) -> None:
+    job = running_gang(world)
+    survivor, lost = job.instance_ids
+    warned_as_run_instances_fails(world, lost, "RunInstances throttled")
+    world.reactions.request_stop(job.job_id, Reason.IDLE, detail="GPUs idle")
+    world.reactions.report(CheckpointReport(job_id=job.job_id, attempt=1, step=101, uri="s3://ckpt-bucket/x/101"))
+
+    world.clock.advance(minutes=10)
+    world.reconciler.run()
+
+    after = world.store.get(job.job_id)
+    assert after.state is JobState.STOPPED
+    assert not [c for c in world.compute.instances.values() if c.request.generation]  # no replacement launched
+    assert world.compute.instances[survivor].state in ("terminated", "stopped")

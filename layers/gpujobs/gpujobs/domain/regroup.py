@@ -79,9 +79,12 @@ def left_the_gang(attempt: Attempt, instance_id: str, *, now: datetime) -> bool:
 
 
 def pending_regroup(job: Job) -> Regroup | None:
-    """The current attempt's regroup waiting for its replacement's launch, on a RUNNING job."""
+    """The current attempt's regroup waiting for its replacement's launch, on a RUNNING job that no
+    stop ends (a stop that came meanwhile takes the survivors: no replacement is launched for them)."""
     attempt = job.current_attempt
     if job.state is not JobState.RUNNING or attempt is None or attempt.is_over or attempt.regroup is None:
+        return None
+    if job.stop_request is not None:
         return None
     return attempt.regroup if attempt.regroup.pending else None
 
@@ -197,6 +200,8 @@ def repair(job: Job, *, now: datetime) -> Decision:
     if job.state is not JobState.RUNNING or attempt is None or attempt.is_over or attempt.regroup is None:
         return ignore(Outcome.NOTHING_TO_DECIDE)
     regroup = attempt.regroup
+    if job.stop_request is not None:
+        return ignore(Outcome.NOTHING_TO_DECIDE, "a stop is under way: it takes the gang")
     if regroup.pending and now - regroup.at >= LAUNCH_LIMIT:
         return no_room(
             job,
