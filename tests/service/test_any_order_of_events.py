@@ -36,6 +36,7 @@ from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState, Reason
 from tests.service.cloud import CONFIG_ERROR_CODES, EXIT_CODES, FAULT_TIMINGS, MARKETS, Delivery, SimulatedCloud
 from tests.service.conftest import spec
+from tests.service.faults import When
 
 SPECS: tuple[dict[str, Any], ...] = (
     spec(),
@@ -449,4 +450,26 @@ def test_two_storms_at_one_instant_regroup_a_gang_twice_then_send_it_whole_to_on
     assert job.current_attempt is not None
     assert job.current_attempt.market is Market.ON_DEMAND
     assert job.interruptions == 3
+    state.teardown()
+
+
+def test_a_survivor_that_crashes_while_its_gang_waits_for_a_replacement_ends_the_attempt_as_a_reclaim() -> None:
+    """Found by 3,000 sequences: a storm warns both nodes of a gang; the first warning's regroup is
+    recorded but its launch dies with its handler; then the survivor crashes (its peer is going). The
+    attempt ends as the reclaim it is (as of the warning, replaced whole, not counted as a crash), so
+    the reclaimed node may stay up beside the replacement only within its window."""
+    state = ControlPlaneUnderChaos()
+    state.jobs_are_submitted(variants=[0, 3], teams=0)
+    state.spot_storm()
+    state.instance_disappears(which=0)
+    state.a_port_call_will_fail(when=When.BEFORE, which=1)
+    state.deliver(twice=False, which=1)
+    state.one_node_crashes(node=1, which=0)
+    state.deliver(twice=False, which=5)
+    state.nothing_is_broken()
+    gang = next(j for j in state.cloud.jobs() if j.require_spec().nodes == 2)
+    assert gang.crashes == 0
+    assert gang.interruptions == 1
+    assert Reason.NO_ROOM_FOR_NODE in [e.reason for e in gang.history]
+    assert gang.attempts[0].interrupted_at is not None
     state.teardown()

@@ -197,8 +197,11 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
         if job.stop_request.reason is Reason.PREEMPTED:  # it gave its borrowed GPUs back: it waits again
             return Move(((JobState.QUEUED, Reason.PREEMPTED),), relaunch=False)
         return Move(((JobState.STOPPED, job.stop_request.reason),), relaunch=False)
-    if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED:
-        # An attempt already being reclaimed that then crashes or vanishes is still a reclaim.
+    attempt = job.current_attempt
+    regrouping = attempt is not None and attempt.regroup is not None and attempt.regroup.pending
+    if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED or regrouping:
+        # An attempt already being reclaimed (a warning, or a node's whose replacement the gang
+        # waits for) that then crashes or vanishes is still a reclaim.
         return interruption_moves(job, already_counted=state is JobState.INTERRUPTED)
     if verdict is Verdict.MISCONFIGURED:
         return Move(((JobState.FAILED, Reason.CONFIG_ERROR),), relaunch=False, counts_crash=True)
