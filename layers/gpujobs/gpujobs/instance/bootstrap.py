@@ -12,7 +12,9 @@ this attempt and served on loopback (IMDS blocked for the container) -> image pu
 wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> this host's primary
 interface, checkpoint staging folder and EFA devices (`hardware.py`) -> workload (runtime
 `docker` or `process`; SIGTERM/SIGINT are forwarded; its output folder uploaded on request and at
-the end, `outputs.py`) -> "Job Exited" on the event bus -> `shutdown -h now`.
+the end, `outputs.py`; a node whose workload stopped at another node's spot warning waits for the
+control plane to raise its generation, then rendezvous again with the gang's replacement and runs it
+once more: `_regroup`) -> "Job Exited" on the event bus -> `shutdown -h now`.
 With a `log_group` in the document, this log and the workload's output also go to CloudWatch Logs,
 one stream each per node (`contract.job_log_stream`); lines logged before the rendezvous names the
 node are kept and sent then, and a bootstrap that fails before it uses its launch index as the node.
