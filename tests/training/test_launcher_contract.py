@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from gpujobs_trainer.errors import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT
 from gpujobs_trainer.events import EventBridgePublisher
 from gpujobs_trainer.launch import (
     child_pids,
+    expand_argv,
     plan_from_env,
     python_script,
     regroup_may_follow,
@@ -214,3 +216,33 @@ def test_a_gang_node_stopped_at_a_warning_leaves_its_exit_report_to_the_bootstra
     plan = plan_from_env(env, COMMAND, gpu_count=1)
 
     assert regroup_may_follow(plan, JobOutcome(code, "")) is bootstrap_reports
+
+
+def test_gpujobs_references_in_the_command_are_expanded_and_nothing_else() -> None:
+    """The command is argv, never a shell: a script that takes its folder as an argument gets it
+    from `${GPUJOBS_CHECKPOINT_DIR}` without `sh -c` (issue 22), and nothing else is interpreted."""
+    env = {"GPUJOBS_CHECKPOINT_DIR": "/var/lib/gpujobs/ckpt", "GPUJOBS_OUTPUT_DIR": "/out", "HOME": "/home/u"}
+    command = ["python", "train.py", "--ckpt=${GPUJOBS_CHECKPOINT_DIR}/last", "${GPUJOBS_OUTPUT_DIR}", *COMMAND[2:]]
+    command += ["$HOME", "${HOME}", "$GPUJOBS_OUTPUT_DIR", "$${GPUJOBS_OUTPUT_DIR}x"]
+
+    expanded = expand_argv(command, env)
+
+    assert expanded[:4] == ("python", "train.py", "--ckpt=/var/lib/gpujobs/ckpt/last", "/out")
+    assert expanded[4:6] == tuple(COMMAND[2:])  # "; rm -rf / $(whoami)" stays one literal argument
+    assert expanded[6:] == ("$HOME", "${HOME}", "$GPUJOBS_OUTPUT_DIR", "$/outx")
+
+
+def test_a_reference_to_a_variable_the_job_does_not_have_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigError, match=r"\$\{GPUJOBS_CHEKPOINT_DIR\}, which this job does not set"):
+        expand_argv(["python", "train.py", "${GPUJOBS_CHEKPOINT_DIR}"], {"GPUJOBS_CHECKPOINT_DIR": "/ckpt"})
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gpujobs_trainer.launch", "--", "python", "train.py", "${GPUJOBS_NOPE}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUJOBS_")},
+    )
+    assert result.returncode == CONFIG_ERROR_EXIT_CODE
+    assert "${GPUJOBS_NOPE}, which this job does not set" in result.stderr.splitlines()[-1]

@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -313,6 +314,25 @@ def report_exit(plan: LaunchPlan, outcome: JobOutcome, bus: str) -> None:
     EventBridgePublisher(bus).publish_now(JOB_EXITED, exit_detail(plan, outcome))
 
 
+GPUJOBS_REFERENCE = re.compile(r"\$\{(GPUJOBS_[A-Z0-9_]+)\}")
+"""`${GPUJOBS_NAME}` in an argument of the command: the only form `expand_argv` replaces."""
+
+
+def expand_argv(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """Pure: each `${GPUJOBS_NAME}` in the command's arguments replaced by that variable's value (the
+    command is argv, run without a shell: `--ckpt ${GPUJOBS_CHECKPOINT_DIR}` needs no `sh -c`).
+    Nothing else is touched (`$HOME`, `${OTHER}` stay as written); ConfigError names a reference
+    to a variable the job does not have."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise ConfigError(f"the command refers to ${{{name}}}, which this job does not set (docs/job-spec.md)")
+        return env[name]
+
+    return tuple(GPUJOBS_REFERENCE.sub(value, argument) for argument in command)
+
+
 def split_command(argv: Sequence[str]) -> list[str]:
     """Everything after the first ``--`` is the training command."""
     args = list(argv)
@@ -337,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
         own = prepare(plan, env, Path.cwd())
+        plan = replace(plan, command=expand_argv(plan.command, {**env, **(own.env if own else {})}))
     except (ConfigError, CheckpointError) as exc:
         log.error("%s", exc)
         return CONFIG_ERROR_EXIT_CODE
