@@ -104,7 +104,9 @@ def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = N
         lines.append(deadline)
     if spend is not None:
         lines += spend_lines(spend, ended=job.state.is_terminal)
-    if job.checkpoint_step is not None:
+    if job.checkpoint_step is not None and job.state.is_terminal:  # nothing resumes an ended job
+        lines.append(f"checkpoint newest committed at step {job.checkpoint_step}")
+    elif job.checkpoint_step is not None:
         lines.append(f"resumes   from checkpoint step {job.checkpoint_step}")
     if job.interruptions or job.crashes:
         lines.append(f"counts    {job.interruptions} interruption(s), {job.crashes} crash(es)")

@@ -72,3 +72,14 @@ def test_status_json_carries_the_deadline_beside_the_record(
     assert shown["spec"]["deadline"] == {"hours": 52.0, "expected_hours": 48.0, "total_steps": 4800}
     assert shown["deadline"]["due"] == "2026-03-03T04:00:00+00:00"
     assert set(shown["deadline"]) == {"due", "hours_left", "slack_hours"}
+
+
+def test_an_ended_job_shows_its_newest_checkpoint_and_a_running_one_where_it_would_resume() -> None:
+    """Issue 22: a SUCCEEDED job used to say it "resumes from checkpoint step 400"."""
+    running = training(4000)
+    done = running.transition(JobState.SUCCEEDED, Reason.COMPLETED, now=SUBMITTED + timedelta(hours=49))
+
+    assert "resumes   from checkpoint step 3950" in render.job_status(running, now=SUBMITTED)
+    ended = render.job_status(done, now=SUBMITTED + timedelta(hours=50))
+    assert "checkpoint newest committed at step 3950" in ended
+    assert "resumes" not in ended
