@@ -112,11 +112,16 @@ class Attempt(Frozen):
     left: tuple[str, ...] = ()
     """Nodes that left the gang in regroups (spot reclaimed them): no longer in `instance_ids`."""
 
+    @property
+    def waits_for_replacement(self) -> bool:
+        """Its gang waits for a reclaimed node's replacement to be launched (a pending regroup)."""
+        return self.regroup is not None and self.regroup.pending
+
     def whole_again(self) -> Attempt:
         """The attempt with a pending regroup's lost nodes back in its gang (`domain.regroup`): it
         ends like any reclaimed gang, every node's time paid and its end recorded."""
         regroup = self.regroup
-        if regroup is None or not regroup.pending:
+        if regroup is None or not self.waits_for_replacement:
             return self
         back = tuple(i for i in regroup.lost if i not in self.instance_ids)
         left = tuple(i for i in self.left if i not in regroup.lost)

@@ -183,7 +183,7 @@ def move_market(job: Job, *, now: datetime, allowed: Collection[Market]) -> Deci
         return ignore(Outcome.NOT_RUNNING)
     if job.require_spec().checkpoint is CheckpointMode.NONE:
         return ignore(Outcome.NOTHING_TO_DECIDE, "a move would restart a job that saves nothing from scratch")
-    if attempt.regroup is not None and attempt.regroup.pending:
+    if attempt.waits_for_replacement:
         return ignore(Outcome.NOTHING_TO_DECIDE, "the gang waits for a node's replacement (`domain.regroup`)")
     if must_leave_spot(job, now=now):
         target = Market.ON_DEMAND

@@ -274,7 +274,7 @@ def settle(job: Job, *, now: datetime) -> Decision:
         update: dict[str, object] = {"ended_at": now, "end_reason": judgement.verdict.value}
         if judgement.verdict is Verdict.INTERRUPTED and attempt.interrupted_at is None:
             update["interrupted_at"] = now  # reclaimed without a warning: the replacement avoids its pool
-        if attempt.regroup is not None and attempt.regroup.pending and attempt.interrupted_at is None:
+        if attempt.waits_for_replacement and attempt.regroup and attempt.interrupted_at is None:
             update["interrupted_at"] = attempt.regroup.at  # it ends while being reclaimed: as of the warning
         changed = changed.with_attempt(attempt.whole_again().model_copy(update=update), now=now)
         effects.append(DeleteAlarms(attempt.instance_ids))

@@ -198,7 +198,7 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
             return Move(((JobState.QUEUED, Reason.PREEMPTED),), relaunch=False)
         return Move(((JobState.STOPPED, job.stop_request.reason),), relaunch=False)
     attempt = job.current_attempt
-    regrouping = attempt is not None and attempt.regroup is not None and attempt.regroup.pending
+    regrouping = attempt is not None and attempt.waits_for_replacement
     if verdict is Verdict.INTERRUPTED or state is JobState.INTERRUPTED or regrouping:
         # An attempt already being reclaimed (a warning, or a node's whose replacement the gang
         # waits for) that then crashes or vanishes is still a reclaim.
@@ -229,7 +229,7 @@ def interruption_moves(job: Job, *, already_counted: bool = False) -> Move:
     warning counted already: it is replaced whole, not counted again."""
     spec = job.require_spec()
     attempt = job.current_attempt
-    regrouping = attempt is not None and attempt.regroup is not None and attempt.regroup.pending
+    regrouping = attempt is not None and attempt.waits_for_replacement
     already_counted = already_counted or regrouping  # the node's reclaim was counted at its warning
     interruptions = job.interruptions + (0 if already_counted else 1)
     steps: list[tuple[JobState, Reason]] = []

@@ -50,7 +50,7 @@ def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = 
         return None
     spec = job.require_spec()
     regroup = attempt.regroup
-    if regroup is not None and regroup.pending:
+    if attempt.waits_for_replacement:
         return None  # the gang waits for a node's launch, bounded by `regroup.LAUNCH_LIMIT`
     regrouped_at = regroup.launched_at if regroup is not None else None
     if attempt.last_heartbeat_at is None:

@@ -102,7 +102,7 @@ def may_regroup(job: Job, attempt: Attempt, instance_id: str, *, now: datetime) 
         return "not a recorded spot gang"
     if job.stop_request is not None or attempt.interrupted_at is not None:
         return "a stop or a move is under way"
-    if attempt.regroup is not None and attempt.regroup.pending:
+    if attempt.waits_for_replacement:
         return "the gang is already waiting for a replacement"
     if any(i in attempt.gone for i in attempt.instance_ids):
         return "a node of the gang is already gone"
