@@ -36,7 +36,7 @@ def losses(result: JobResult) -> dict[int, float]:
     return {int(e["step"]): float(e["loss"]) for e in result.events("loss")}
 
 
-@pytest.mark.parametrize("recipe", ["ddp", "fsdp2", "accelerate_ddp"])
+@pytest.mark.parametrize("recipe", ["ddp", "fsdp2", "accelerate_ddp", "accelerate_loader"])
 def test_a_recipe_stopped_by_sigterm_resumes_with_the_same_losses_and_weights(recipe: str, tmp_path: Path) -> None:
     script = RECIPES / f"{recipe}.py"
     baseline_dump = tmp_path / "baseline.pt"

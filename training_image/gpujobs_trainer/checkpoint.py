@@ -25,6 +25,9 @@ Design choices, each from a failure seen or documented (see docs/training.md):
 - A save needs the process group: after ``destroy_process_group()`` (Accelerate's
   ``end_training()``) DCP would write every rank's files as rank 0's into one folder; such a save
   fails at once, before anything is written, and commits nothing.
+- Shared script state (``init(state=...)``) is compared across ranks before every save
+  (`rank_agreement`): DCP would keep one rank's copy of it, so one that differs by rank is a
+  configuration error naming it, never a silently collapsed checkpoint.
 
 What a checkpoint holds and how its shards are written live in `state_io`; this module decides when
 to save, commits, purges and restores.
@@ -64,8 +67,10 @@ from gpujobs_trainer.layout import (
     rng_file_name,
     steps_to_purge,
 )
+from gpujobs_trainer.rank_agreement import check_shared_state_agrees
 from gpujobs_trainer.rng import capture_rng_states
 from gpujobs_trainer.state_io import (
+    EXTRAS_KEY,
     WRITER_THREADS,
     ShardWriter,
     TrainingState,
@@ -181,6 +186,8 @@ class CheckpointManager(Restoring):
         writer.digests[rng_file] = write_durably(folder / rng_file, json.dumps(capture_rng_states()), self.digest)
         pending = _Save(step, reason, position, started, writer.digests, self.digest)
         state = self.state.state_dict()
+        if EXTRAS_KEY in state:
+            check_shared_state_agrees(state[EXTRAS_KEY], group=self._group)
         take_buffers_from_rank0(self.state.model, state["model"], group=self._group)
         if blocking:
             future: Future[SaveResult] = Future()

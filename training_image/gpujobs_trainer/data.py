@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from gpujobs_trainer.prepared_loaders import underlying_loader
+
 _T_co = TypeVar("_T_co", covariant=True)
 
 WorkerInitFn = Callable[[int], None]
@@ -174,7 +176,9 @@ else:  # pragma: no cover  # training runs on Linux
 
 def shield_workers(loader: DataLoader[Any]) -> None:
     """Make the loader's worker processes ignore SIGTERM (see the module docstring), from the
-    moment they start. Call it before the loader starts its workers; calling it twice is harmless."""
+    moment they start. Call it before the loader starts its workers; calling it twice is harmless.
+    A loader Accelerate prepared is shielded underneath (`prepared_loaders`)."""
+    loader = underlying_loader(loader)
     if not isinstance(loader.worker_init_fn, _IgnoreSigterm):
         loader.worker_init_fn = _IgnoreSigterm(loader.worker_init_fn)
     if loader.num_workers > 0 and hasattr(signal, "pthread_sigmask"):
@@ -188,7 +192,14 @@ def shield_workers(loader: DataLoader[Any]) -> None:
 def prepare_loader(loader: DataLoader[Any], *, rank: int) -> None:
     """What a loader given to ``init(state=...)`` needs to resume exactly and survive SIGTERM:
     shielded workers, and worker seeds drawn from a generator of its own (seeded from the
-    global RNG, per rank) instead of the training RNG stream."""
+    global RNG, per rank) instead of the training RNG stream. Applied to the loader underneath
+    one Accelerate prepared (`prepared_loaders`)."""
+    loader = underlying_loader(loader)
+    restart = getattr(loader, "load_state_dict", None)
+    if getattr(loader, "_initial_iter_for_state_dict", False) and callable(restart):
+        # Its workers were started only to read its initial state (Accelerate's prepare asks for it),
+        # unshielded and seeded from the training RNG; no batch was taken, so start them again.
+        restart({})
     shield_workers(loader)
     if loader.generator is None:
         generator = torch.Generator()

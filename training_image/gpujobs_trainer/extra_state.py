@@ -14,7 +14,9 @@ DCP keeps one copy of every key that all ranks save (training-round2.md §2.2):
   such objects with `per_rank`; data loaders are per-rank without being marked. Each object is
   stored as one opaque value (``torch.save`` bytes, read back with the weights-only unpickler), so
   its ``state_dict()`` may change shape as it runs, as a loader's does. After a change of world
-  size there is no state for the new ranks: per-rank state is then not restored (logged).
+  size there is no state for the new ranks: per-rank state is then not restored (logged). A loader
+  Hugging Face Accelerate prepared is handled underneath, and must be stateful and seedable
+  (`prepared_loaders`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from gpujobs_trainer.data import prepare_loader
 from gpujobs_trainer.errors import CheckpointError, ConfigError
+from gpujobs_trainer.prepared_loaders import check_prepared_loader
 
 log = logging.getLogger("gpujobs_trainer")
 
@@ -68,6 +71,7 @@ class ExtraState:
             target = value.target if isinstance(value, PerRank) else value
             _check(name, target)
             if isinstance(target, DataLoader):
+                check_prepared_loader(name, target)
                 prepare_loader(target, rank=rank)
             if isinstance(value, PerRank) or isinstance(target, DataLoader):
                 self.per_rank[name] = target

@@ -34,6 +34,7 @@ from gpujobs_trainer.errors import (
     CRASH_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     SUCCESS_EXIT_CODE,
+    ConfigError,
     TrainerError,
 )
 from gpujobs_trainer.events import CHECKPOINT_COMMITTED, NullPublisher, Publisher, make_publisher
@@ -156,6 +157,10 @@ class Run:
         Returns True when training must stop now (preempted: the checkpoint is already
         committed); the script then calls ``finish()`` and exits with its code.
         """
+        with self._config_errors_exit():
+            return self._step_done(step, epoch=epoch, offset=offset)
+
+    def _step_done(self, step: int, *, epoch: int, offset: int) -> bool:
         self.step = step
         self.position = {"epoch": epoch, "offset": offset}
         now = time.monotonic()
@@ -226,7 +231,7 @@ class Run:
         if self.exit_code is None or not self.preempted:
             code = SUCCESS_EXIT_CODE
             try:
-                with self.busy("final checkpoint"):
+                with self._config_errors_exit(), self.busy("final checkpoint"):
                     self.checkpoints.wait()
                     result = self.checkpoints.save(
                         step=self.step, reason="final", position=self.position, blocking=True
@@ -252,6 +257,16 @@ class Run:
         return self.exit_code
 
     # ---- internals --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _config_errors_exit(self) -> Iterator[None]:
+        """A save that finds the script's configuration wrong (shared state that differs across
+        ranks: `rank_agreement`) ends this worker with exit 78 and the reason, as `init` does: every
+        rank finds the same difference, so all stop together."""
+        try:
+            yield
+        except ConfigError as exc:
+            _fatal(exc, rank=self.env.rank, outcome_dir=self.config.outcome_dir)
+
     def _save(self, reason: Reason) -> None:
         self._last_periodic = time.monotonic()
         blocking = not self.config.async_checkpoints
