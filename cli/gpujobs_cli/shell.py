@@ -88,7 +88,9 @@ def find_target(job: Job, *, node: int) -> Target:
     if job.state not in (JobState.RUNNING, JobState.INTERRUPTED) or attempt is None or attempt.is_over:
         raise CommandError(f"{job.job_id} is {job.state.value}: no container of it runs now", EXIT_NOT_FOUND)
     if node >= len(attempt.instance_ids):
-        raise CommandError(f"node {node} of {job.job_id} has no instance now (its gang regroups)", EXIT_NOT_FOUND)
+        raise CommandError(
+            f"node {node} of {job.job_id} has no instance now (attempt {attempt.number})", EXIT_NOT_FOUND
+        )
     instance_id = attempt.instance_ids[node]
     if instance_id in attempt.gone:
         raise CommandError(f"node {node} of {job.job_id} ({instance_id}) is gone", EXIT_NOT_FOUND)
@@ -197,7 +199,7 @@ def add_arguments(shell: argparse.ArgumentParser, exec_: argparse.ArgumentParser
         parser.add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
         parser.add_argument("--node", type=int, default=0, metavar="K", help="node K of the gang (default 0, rank 0)")
     exec_.add_argument("--json", action="store_true", help="print JSON (exit_code, stdout, stderr, status)")
-    exec_.usage = "gpujobs exec [-h] [--node K] [--json] ID -- CMD [ARG ...]"
+    exec_.usage = "gpujobs exec [-h] [--stack STACK] [--region REGION] [--node K] [--json] ID -- CMD [ARG ...]"
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
