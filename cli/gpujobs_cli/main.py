@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, queue
+from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, queue, shell
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -37,6 +37,8 @@ examples:
   gpujobs queue --team vision
   gpujobs quota
   gpujobs logs j-0123456789abcdef --follow
+  gpujobs shell j-0123456789abcdef --node 1
+  gpujobs exec j-0123456789abcdef -- nvidia-smi
   gpujobs cancel j-0123456789abcdef
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
@@ -119,6 +121,24 @@ _COMMANDS = {
         "its quota, fair-share weight, whether it borrows and lends, and how many of its jobs wait;\n"
         "then the fleet's GPUs against its cap. From the GPU ledger and the team configuration.",
         "examples:\n  gpujobs quota\n  gpujobs quota --json | jq '.teams[] | select(.waiting > 0)'",
+    ),
+    "shell": (
+        "open a shell in a running job's container (SSM Session Manager)",
+        "Open an interactive shell (bash, else sh) in the container of node K of the job's running\n"
+        "attempt, as the workload's user, through SSM Session Manager and the stack's ShellDocument:\n"
+        "no SSH key, no open port. Needs AWS's session-manager-plugin on PATH and, for a team's user,\n"
+        "the team's policy (docs/security.md): only the team's own jobs' instances are allowed.",
+        "examples:\n  gpujobs shell j-0123456789abcdef\n  gpujobs shell j-0123456789abcdef --node 1",
+    ),
+    "exec": (
+        "run one command in a running job's container and print its output",
+        "Run one command (an argv after --, never a shell string) in the container of node K of the\n"
+        "job's running attempt through SSM Run Command and the stack's ExecDocument; print its output\n"
+        "(SSM keeps up to 24,000 characters of each stream) and exit with its exit code (255 when it\n"
+        "never ran or gave none: SSM timed it out after 600 s or could not deliver it).",
+        "examples:\n  gpujobs exec j-0123456789abcdef -- nvidia-smi\n"
+        "  gpujobs exec j-0123456789abcdef --node 1 -- ls -la /tmp\n"
+        "  gpujobs exec j-0123456789abcdef --json -- python -c 'import torch; print(torch.__version__)'",
     ),
     "cancel": (
         "request a job's cancellation",
@@ -239,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
     _add_logs_arguments(made["logs"])
     bake.add_arguments(made["bake"])
+    shell.add_arguments(made["shell"], made["exec"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     for name in ("artifacts", "download"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
@@ -272,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bake": bake.cmd_bake,
         "queue": queue.cmd_queue,
         "quota": queue.cmd_quota,
+        "shell": shell.cmd_shell,
+        "exec": shell.cmd_exec,
     }
     for name, handler in handlers.items():
         made[name].set_defaults(handler=handler)
@@ -286,11 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return plugin(args_list[1:])
         if args_list[0] in _PLUGIN_MISSING:
             return _fail(_PLUGIN_MISSING[args_list[0]], commands.EXIT_USAGE)
+    args_list, command_argv = shell.split_command(args_list)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help (0) and usage errors (2): argparse has printed already
         return exc.code if isinstance(exc.code, int) else commands.EXIT_USAGE
+    args.argv = command_argv
     args.stack = getattr(args, "stack", None) or os.environ.get("GPUJOBS_STACK") or DEFAULT_STACK
     args.region = getattr(args, "region", None)
     try:

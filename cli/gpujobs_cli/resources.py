@@ -19,6 +19,7 @@ DEFAULT_STACK = "gpujobs"
 
 QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
 LOG_GROUP, DASHBOARD, TEAMS_PARAMETER = "log_group", "dashboard", "teams_parameter"
+SHELL_DOCUMENT, EXEC_DOCUMENT = "shell_document", "exec_document"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
@@ -27,6 +28,8 @@ _OUTPUT_KEYS = {
     LOG_GROUP: "JobLogGroupName",
     DASHBOARD: "DashboardName",
     TEAMS_PARAMETER: "TeamsParameterName",
+    SHELL_DOCUMENT: "ShellDocumentName",
+    EXEC_DOCUMENT: "ExecDocumentName",
 }
 _ENV_OVERRIDES = {
     QUEUE: "GPUJOBS_QUEUE_URL",
@@ -36,6 +39,8 @@ _ENV_OVERRIDES = {
     BUCKET: "GPUJOBS_BUCKET",
     DASHBOARD: "GPUJOBS_DASHBOARD",
     TEAMS_PARAMETER: "GPUJOBS_TEAMS_PARAMETER",
+    SHELL_DOCUMENT: "GPUJOBS_SHELL_DOCUMENT",
+    EXEC_DOCUMENT: "GPUJOBS_EXEC_DOCUMENT",
 }
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 

@@ -52,6 +52,8 @@ def policy_of(team: str) -> dict[str, Any]:
         queue_arn=f"arn:aws:sqs:{REGION}:{ACCOUNT}:gpujobs-jobs",
         log_group_arn=GROUP_ARN,
         stack_arn=f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/gpujobs/*",
+        shell_document_arn=f"arn:aws:ssm:{REGION}:{ACCOUNT}:document/gpujobs-ShellDocument-abc",
+        exec_document_arn=f"arn:aws:ssm:{REGION}:{ACCOUNT}:document/gpujobs-ExecDocument-abc",
     )
 
 
@@ -172,6 +174,39 @@ def test_listing_another_teams_outputs_is_refused_by_the_prefix_condition() -> N
     assert not listing(outputs_prefix(JOBS["speech"], team=None))
 
 
+def test_a_teams_users_get_shells_and_commands_only_on_their_teams_instances_through_the_stacks_documents() -> None:
+    """Judged by tests/iam's evaluator (moto does not authorize SSM sessions): StartSession and
+    SendCommand are authorized on the instance and on the document, each on its own."""
+    statements = policy_of("vision")["Statement"]
+    documents = f"arn:aws:ssm:{REGION}:{ACCOUNT}:document/gpujobs-"
+
+    def allowed(
+        action: str, resource: str, *, team: str = "vision", stack: str = "gpujobs", check: bool = True
+    ) -> bool:
+        context = {"ssm:resourcetag/gpujobs:team": [team], "ssm:resourcetag/gpujobs:stack": [stack]}
+        if action == "ssm:StartSession":
+            context["ssm:sessiondocumentaccesscheck"] = [str(check).lower()]
+        request = Request(action, resource, context, set(context))
+        return evaluate(statements, request).allowed
+
+    instance = f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/i-0000000000000000a"
+    assert allowed("ssm:StartSession", instance)
+    assert allowed("ssm:StartSession", documents + "ShellDocument-abc")
+    assert allowed("ssm:SendCommand", instance)
+    assert allowed("ssm:SendCommand", documents + "ExecDocument-abc")
+    # another team's instance, another stack's, a session whose document is not checked
+    assert not allowed("ssm:StartSession", instance, team="speech")
+    assert not allowed("ssm:SendCommand", instance, team="speech")
+    assert not allowed("ssm:StartSession", instance, stack="other")
+    assert not allowed("ssm:StartSession", instance, check=False)
+    # any other document: the agent's default host shell, AWS's shell scripts, the checkpoint document
+    for other in ("SSM-SessionManagerRunShell", "AWS-StartInteractiveCommand"):
+        assert not allowed("ssm:StartSession", f"arn:aws:ssm:{REGION}::document/{other}")
+    assert not allowed("ssm:SendCommand", f"arn:aws:ssm:{REGION}::document/AWS-RunShellScript")
+    assert not allowed("ssm:SendCommand", documents + "CheckpointNowDocument-abc")
+    assert not allowed("ssm:SendCommand", documents + "ShellDocument-abc")
+
+
 def test_no_policy_is_rendered_for_a_name_that_is_no_team_or_could_be_a_job() -> None:
     for name in ("Vision", "a:b", "a*", "j-0123456789abcdef", ""):
         with pytest.raises(NotATeamError):
@@ -188,6 +223,8 @@ def test_the_policy_docs_security_md_shows_is_the_one_rendered_and_tested_here()
         queue_arn=f"arn:aws:sqs:{REGION}:{ACCOUNT}:gpujobs-jobs",
         log_group_arn=f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/gpujobs/gpujobs/jobs",
         stack_arn=f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/gpujobs/*",
+        shell_document_arn=f"arn:aws:ssm:{REGION}:{ACCOUNT}:document/gpujobs-ShellDocument-abc",
+        exec_document_arn=f"arn:aws:ssm:{REGION}:{ACCOUNT}:document/gpujobs-ExecDocument-abc",
     )
 
     assert json.loads(block) == shown

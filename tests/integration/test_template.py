@@ -88,6 +88,8 @@ OUTPUTS_THE_CLI_READS = {
     "SubmitFunctionName",
     "BudgetAlertsTopicArn",
     "CheckpointNowDocumentName",
+    "ShellDocumentName",
+    "ExecDocumentName",
 }
 
 
