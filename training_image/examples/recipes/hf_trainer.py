@@ -85,10 +85,10 @@ class PrintLosses(TrainerCallback):
     def __init__(self, step_sleep: float) -> None:
         self.step_sleep = step_sleep
 
-    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **_: Any) -> None:
+    def on_step_end(self, *_: Any, **__: Any) -> None:
         time.sleep(self.step_sleep)
 
-    def on_log(self, args: TrainingArguments, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+    def on_log(self, _args: TrainingArguments, state: Any, _control: Any, logs: Any = None, **_: Any) -> None:
         if state.is_world_process_zero and logs and "loss" in logs:
             print(json.dumps({"event": "loss", "step": state.global_step, "loss": logs["loss"]}), flush=True)
 
@@ -126,7 +126,8 @@ def main() -> int:
     trainer.train(resume_from_checkpoint=last)  # gpujobs: resume_from_checkpoint
     preempted = trainer.state.global_step < args.steps
     if args.state_dump and not preempted and trainer.is_world_process_zero():
-        assert trainer.optimizer is not None and trainer.lr_scheduler is not None
+        assert trainer.optimizer is not None
+        assert trainer.lr_scheduler is not None
         final = {
             "model": model.state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
