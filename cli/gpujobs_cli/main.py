@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, queue
+from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, drills, queue
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -38,6 +38,7 @@ examples:
   gpujobs quota
   gpujobs logs j-0123456789abcdef --follow
   gpujobs cancel j-0123456789abcdef
+  gpujobs interrupt j-0123456789abcdef --node 1
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
   gpujobs dashboard
@@ -126,6 +127,7 @@ _COMMANDS = {
         "A job that has already ended is left alone (exit 0).",
         "examples:\n  gpujobs cancel j-0123456789abcdef\n  gpujobs cancel j-0123456789abcdef --json",
     ),
+    "interrupt": (drills.SUMMARY, drills.DESCRIPTION, drills.EPILOG),
     "artifacts": (
         "list what a job left in its outputs",
         "List the files a job wrote to $GPUJOBS_OUTPUT_DIR, as uploaded to s3://<bucket>/outputs/<job-id>/:\n"
@@ -239,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
     _add_logs_arguments(made["logs"])
     bake.add_arguments(made["bake"])
+    drills.add_arguments(made["interrupt"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     for name in ("artifacts", "download"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
@@ -263,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status": commands.cmd_status,
         "list": commands.cmd_list,
         "cancel": commands.cmd_cancel,
+        "interrupt": drills.cmd_interrupt,
         "dashboard": dashboard.cmd_dashboard,
         "schema": commands.cmd_schema,
         "logs": commands.cmd_logs,

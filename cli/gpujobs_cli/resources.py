@@ -19,6 +19,7 @@ DEFAULT_STACK = "gpujobs"
 
 QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
 LOG_GROUP, DASHBOARD, TEAMS_PARAMETER = "log_group", "dashboard", "teams_parameter"
+SPOT_DRILL_ROLE = "spot_drill_role"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
@@ -27,6 +28,7 @@ _OUTPUT_KEYS = {
     LOG_GROUP: "JobLogGroupName",
     DASHBOARD: "DashboardName",
     TEAMS_PARAMETER: "TeamsParameterName",
+    SPOT_DRILL_ROLE: "SpotDrillRoleArn",
 }
 _ENV_OVERRIDES = {
     QUEUE: "GPUJOBS_QUEUE_URL",
@@ -36,6 +38,7 @@ _ENV_OVERRIDES = {
     BUCKET: "GPUJOBS_BUCKET",
     DASHBOARD: "GPUJOBS_DASHBOARD",
     TEAMS_PARAMETER: "GPUJOBS_TEAMS_PARAMETER",
+    SPOT_DRILL_ROLE: "GPUJOBS_SPOT_DRILL_ROLE_ARN",
 }
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 

@@ -88,6 +88,7 @@ OUTPUTS_THE_CLI_READS = {
     "SubmitFunctionName",
     "BudgetAlertsTopicArn",
     "CheckpointNowDocumentName",
+    "SpotDrillRoleArn",
 }
 
 
