@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, queue, shell
+from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, drills, queue, shell
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -40,6 +40,7 @@ examples:
   gpujobs shell j-0123456789abcdef --node 1
   gpujobs exec j-0123456789abcdef -- nvidia-smi
   gpujobs cancel j-0123456789abcdef
+  gpujobs interrupt j-0123456789abcdef --node 1
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
   gpujobs dashboard
@@ -146,6 +147,7 @@ _COMMANDS = {
         "A job that has already ended is left alone (exit 0).",
         "examples:\n  gpujobs cancel j-0123456789abcdef\n  gpujobs cancel j-0123456789abcdef --json",
     ),
+    "interrupt": (drills.SUMMARY, drills.DESCRIPTION, drills.EPILOG),
     "artifacts": (
         "list what a job left in its outputs",
         "List the files a job wrote to $GPUJOBS_OUTPUT_DIR, as uploaded to s3://<bucket>/outputs/<job-id>/:\n"
@@ -260,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logs_arguments(made["logs"])
     bake.add_arguments(made["bake"])
     shell.add_arguments(made["shell"], made["exec"])
+    drills.add_arguments(made["interrupt"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     for name in ("artifacts", "download"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
@@ -284,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status": commands.cmd_status,
         "list": commands.cmd_list,
         "cancel": commands.cmd_cancel,
+        "interrupt": drills.cmd_interrupt,
         "dashboard": dashboard.cmd_dashboard,
         "schema": commands.cmd_schema,
         "logs": commands.cmd_logs,

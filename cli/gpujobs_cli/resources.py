@@ -20,6 +20,7 @@ DEFAULT_STACK = "gpujobs"
 QUEUE, TABLE, EVENT_BUS, BUCKET = "queue", "table", "event_bus", "bucket"
 LOG_GROUP, DASHBOARD, TEAMS_PARAMETER = "log_group", "dashboard", "teams_parameter"
 SHELL_DOCUMENT, EXEC_DOCUMENT = "shell_document", "exec_document"
+SPOT_DRILL_ROLE = "spot_drill_role"
 _OUTPUT_KEYS = {
     QUEUE: "JobsQueueUrl",
     TABLE: "JobsTableName",
@@ -30,6 +31,7 @@ _OUTPUT_KEYS = {
     TEAMS_PARAMETER: "TeamsParameterName",
     SHELL_DOCUMENT: "ShellDocumentName",
     EXEC_DOCUMENT: "ExecDocumentName",
+    SPOT_DRILL_ROLE: "SpotDrillRoleArn",
 }
 _ENV_OVERRIDES = {
     QUEUE: "GPUJOBS_QUEUE_URL",
@@ -41,6 +43,7 @@ _ENV_OVERRIDES = {
     TEAMS_PARAMETER: "GPUJOBS_TEAMS_PARAMETER",
     SHELL_DOCUMENT: "GPUJOBS_SHELL_DOCUMENT",
     EXEC_DOCUMENT: "GPUJOBS_EXEC_DOCUMENT",
+    SPOT_DRILL_ROLE: "GPUJOBS_SPOT_DRILL_ROLE_ARN",
 }
 OVERRIDE_HINT = "set GPUJOBS_QUEUE_URL and GPUJOBS_TABLE to use a queue and table without a stack"
 

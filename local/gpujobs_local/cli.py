@@ -17,7 +17,12 @@ from pathlib import Path
 from types import FrameType
 
 from gpujobs_local.cloud import Delivery, LocalCloud
-from gpujobs_local.session import LOCAL_INSTANCE_TYPES, add_instance_python_option, attach_runner
+from gpujobs_local.session import (
+    LOCAL_INSTANCE_TYPES,
+    SPOT_NOTICE_SECONDS,
+    add_instance_python_option,
+    attach_runner,
+)
 from gpujobs_local.stack import MOTO_SENDER
 from gpujobs_local.story import MetricLineFilter
 
@@ -91,7 +96,11 @@ def up(argv: list[str] | None = None) -> int:
             print(f"export {key}={shlex.quote(value)}", file=out)
         print(f"# (or: source {shlex.quote(str(workdir / 'env.sh'))})", file=out)
         print("# then, from the repository root: gpujobs submit examples/digits.yaml, or with the AWS CLI", file=out)
-        print(f"# (v1 needs --endpoint-url for SQS): {SEND_MESSAGE}\n", file=out)
+        print(
+            f"# (v1 needs --endpoint-url for SQS): {SEND_MESSAGE}\n# a spot drill: gpujobs interrupt JOB [--node K]"
+            f" (reclaimed {SPOT_NOTICE_SECONDS:g} s after the warning)\n",
+            file=out,
+        )
         print("# stack outputs:", file=out)
         for key, value in cloud.outputs.items():
             print(f"#   {key:<26} {value}", file=out)

@@ -179,6 +179,7 @@ class LocalCloud:
             "GPUJOBS_LOG_GROUP": self.outputs["JobLogGroupName"],
             "GPUJOBS_BUCKET": self.outputs["CheckpointBucketName"],
             "GPUJOBS_STACK": self.stack_name,
+            "GPUJOBS_SPOT_DRILL_ROLE_ARN": self.outputs["SpotDrillRoleArn"],
         }
 
     # ---- driving it --------------------------------------------------------------------------
@@ -299,6 +300,7 @@ class LocalCloud:
             "LaunchTemplateId": stack.launch_template,
             "InstanceRoleArn": f"arn:aws:iam::{ACCOUNT}:role/{self.stack_name}-InstanceRole",
             "JobRoleArn": stack.job_role_arn,
+            "SpotDrillRoleArn": f"arn:aws:iam::{ACCOUNT}:role/{self.stack_name}-SpotDrillRole",
             "SubmitFunctionName": f"{self.stack_name}-SubmitFunction",
             "BudgetAlertsTopicArn": topic,
             "CheckpointNowDocumentName": stack.checkpoint_document,

@@ -6,9 +6,10 @@ attempt, and the survivor regroups with its replacement (`domain.regroup`).
 Everything real runs: the stack built from template.yaml on a moto server on 127.0.0.1, the Lambda
 handlers fed by the template's own event sources, the instance bootstrap from user data with its own
 fake IMDSv2 per instance, the trainer under torchrun (2 processes per node, gloo on CPU)
-checkpointing to S3 on that server. The demo only plays EC2: it interrupts the spot instance in the
-middle of training (the IMDS notice plus the EventBridge warning, then the termination after a
-grace scaled down for the demo) and watches the story unfold.
+checkpointing to S3 on that server. The demo only plays the user: in the middle of training it runs
+`gpujobs interrupt JOB --node K`, the drill any user of `gpujobs local up` runs, whose FIS experiment
+the local cloud plays on the spot instance (the IMDS notice plus the EventBridge warning, then the
+termination after a notice scaled down for the demo), and watches the story unfold.
 """
 
 from __future__ import annotations
@@ -166,12 +167,14 @@ class Demo:
             f" ({first.market.value if first.market else '?'}) {', '.join(first.instance_ids)}"
         )
         self.wait(f"training past step {INTERRUPT_AFTER_STEP}", lambda: self.progress(1) >= INTERRUPT_AFTER_STEP, 120)
-        victim = first.instance_ids[-1]
+        node = len(first.instance_ids) - 1
+        victim = first.instance_ids[node]
         warned_at = time.monotonic()
-        self.session.runner.interrupt_spot(victim, notice_seconds=NOTICE_SECONDS)
+        drill = json.loads(self.session.gpujobs("interrupt", self.job_id, "--node", str(node), "--json"))
         self.story.step(
-            f"EC2: spot interruption warning for {victim} at step ~{self.progress(1)}"
-            f" (terminates in {NOTICE_SECONDS:g} s)"
+            f"$ gpujobs interrupt {self.job_id} --node {node}: FIS experiment {drill['experiment_id']} interrupts"
+            f" {drill['instance_id']} at step ~{self.progress(1)} (the local cloud reclaims it {NOTICE_SECONDS:g} s"
+            " after the warning)"
         )
         self.wait("the replacement", lambda: self._replaced(first.number))
         replacement = self.job().current_attempt
@@ -325,7 +328,9 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     with tempfile.TemporaryDirectory(prefix="gpujobs-demo-") as tmp:
         workdir = args.workdir or Path(tmp)
         story.step(f"starting the local cloud (logs in {workdir})")
-        with local_session(workdir=workdir, instance_python=args.instance_python) as session:
+        with local_session(
+            workdir=workdir, instance_python=args.instance_python, spot_notice_seconds=NOTICE_SECONDS
+        ) as session:
             summary = Demo(session=session, story=story, nodes=args.nodes).run()
     if args.json:
         print(json.dumps(summary, indent=2), file=out)

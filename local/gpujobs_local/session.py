@@ -18,12 +18,15 @@ from typing import Any
 from gpujobs.adapters.dynamodb import DynamoJobStore
 from gpujobs.domain.job import Job
 from gpujobs_local.cloud import LocalCloud
+from gpujobs_local.fis_agent import LocalFisAgent
 from gpujobs_local.instances import InstanceRunner, instance_python_version
 from gpujobs_local.ssm_agent import LocalSsmAgent
 from gpujobs_local.stack import ROOT
 
 INSTANCE_PYTHON_ENV = "GPUJOBS_LOCAL_INSTANCE_PYTHON"
 """The interpreter instances run the bootstrap with, when no `instance_python` is given (docs/instance.md)."""
+SPOT_NOTICE_SECONDS = 30.0
+"""The local cloud's notice before a drill's reclaim (`gpujobs interrupt`; EC2's is 120 s)."""
 LOCAL_INSTANCE_TYPES = ("g5.12xlarge", "g6.12xlarge", "g5.xlarge", "g6.xlarge", "c7i.large")
 """The local stack's allow-list: multi-GPU types, because the demo runs 2 processes per node."""
 
@@ -64,6 +67,26 @@ class LocalSession:
         """Send `spec` (or a cancel) to the jobs queue as `sender` (None: moto's default user)."""
         return self.cloud.send(json.dumps(spec), sender=sender)
 
+    def gpujobs(self, *argv: str) -> str:
+        """Run the real `gpujobs` CLI in this process with the environment `local up` tells another
+        shell to export; what it printed. RuntimeError naming the command when it exits non-zero."""
+        from gpujobs_local.tour import cli
+
+        exports = self.cloud.exports()
+        saved = {key: os.environ.get(key) for key in exports}
+        os.environ.update(exports)
+        try:
+            code, out = cli(*argv)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        if code != 0:
+            raise RuntimeError(f"gpujobs {' '.join(argv)} exited {code}: {out.strip()}")
+        return out
+
 
 def attach_runner(
     cloud: LocalCloud,
@@ -72,10 +95,13 @@ def attach_runner(
     grace_seconds: float = 20.0,
     wait_timeout: float = 60.0,
     instance_python: str | None = None,
+    spot_notice_seconds: float = SPOT_NOTICE_SECONDS,
 ) -> InstanceRunner:
     """Bring every instance the control plane launches on `cloud` to life, on the cloud's own loop.
     `instance_python`: the AMI's python3 the bootstrap runs with (default `$GPUJOBS_LOCAL_INSTANCE_PYTHON`,
-    else this Python); the workload still runs with this one, as the image's interpreter."""
+    else this Python); the workload still runs with this one, as the image's interpreter.
+    `spot_notice_seconds`: how long after a drill's warning (`gpujobs interrupt`, played from FIS by
+    `fis_agent`) its instance is reclaimed, at most the experiment's own notice."""
     assert cloud.stack is not None, "start the cloud first"
     stack, sts = cloud.stack, cloud.client("sts")
     python_bin = str(Path(sys.executable).parent)
@@ -104,6 +130,10 @@ def attach_runner(
     cloud.add_shutdown(runner.stop_all)
     agent = LocalSsmAgent(ssm=cloud.client("ssm"), runner=runner, document_name=cloud.stack.checkpoint_document)
     cloud.add_tick(agent.poll)
+    fis = LocalFisAgent(
+        fis=cloud.client("fis"), ec2=cloud.client("ec2"), runner=runner, notice_seconds=spot_notice_seconds
+    )
+    cloud.add_tick(fis.poll)
     return runner
 
 
@@ -116,10 +146,11 @@ def local_session(
     wait_timeout: float = 60.0,
     teams: str | None = None,
     instance_python: str | None = None,
+    spot_notice_seconds: float = SPOT_NOTICE_SECONDS,
 ) -> Iterator[LocalSession]:
     """Start the local cloud and its instance runner; stop both, leaving nothing running.
     `teams`: a team configuration (JSON, docs/deploy.md "Teams"); None runs the stack without one.
-    `instance_python`: the bootstrap's interpreter (`attach_runner`)."""
+    `instance_python`, `spot_notice_seconds`: the bootstrap's interpreter, a drill's notice (`attach_runner`)."""
     cloud = LocalCloud(
         workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=LOCAL_INSTANCE_TYPES, teams=teams
     )
@@ -131,6 +162,7 @@ def local_session(
             grace_seconds=grace_seconds,
             wait_timeout=wait_timeout,
             instance_python=instance_python,
+            spot_notice_seconds=spot_notice_seconds,
         )
         yield LocalSession(cloud=cloud, runner=runner)
     finally:

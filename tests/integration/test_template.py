@@ -90,6 +90,7 @@ OUTPUTS_THE_CLI_READS = {
     "CheckpointNowDocumentName",
     "ShellDocumentName",
     "ExecDocumentName",
+    "SpotDrillRoleArn",
 }
 
 

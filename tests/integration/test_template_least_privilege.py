@@ -167,3 +167,23 @@ def test_job_security_groups_are_created_tagged_and_changed_or_deleted_only_when
     assert authorize["Condition"]["StringEquals"]["aws:ResourceTag/gpujobs:stack"] == stack_tag
     assert delete["Condition"]["StringEquals"]["aws:ResourceTag/gpujobs:stack"] == stack_tag
     assert not _allows(launch + end, "ec2:AuthorizeSecurityGroupEgress")  # egress stays as the stack's group has it
+
+
+def test_the_spot_drill_role_is_fis_s_in_this_account_and_interrupts_only_the_stacks_instances() -> None:
+    """`gpujobs interrupt` starts an AWS FIS experiment that runs as SpotDrillRole (docs/deploy.md
+    "Drills"): it may send spot interruptions to this stack's instances only, and do nothing else
+    but list instances (FIS resolves targets with DescribeInstances, which takes no resource)."""
+    role = properties("SpotDrillRole")
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "fis.amazonaws.com"}
+    assert trust["Action"] == "sts:AssumeRole"
+    assert trust["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    statements = [s for policy in role["Policies"] for s in as_list(policy["PolicyDocument"]["Statement"])]
+    assert {a for s in statements for a in as_list(s["Action"])} == {
+        "ec2:SendSpotInstanceInterruptions",
+        "ec2:DescribeInstances",
+    }
+    (interrupt,) = _allows(statements, "ec2:SendSpotInstanceInterruptions")
+    assert interrupt["Resource"] == {"Fn::Sub": f"{ACCOUNT_ARN}:instance/*"}
+    assert interrupt["Condition"] == {"StringEquals": {"aws:ResourceTag/gpujobs:stack": {"Ref": "AWS::StackName"}}}
+    assert all(s["Effect"] == "Allow" for s in statements)

@@ -45,6 +45,7 @@ from gpujobs.domain.volatility import VOLATILE_COUNT, VOLATILE_WINDOW, is_spot_r
 from gpujobs.service.budgeting import BudgetReactions
 from gpujobs.service.ports import CapacityError, JobNotFoundError, LaunchRequest, QuotaExceededError
 from gpujobs.service.repairs import Repair
+from gpujobs.service.sweeps import ORPHAN_GRACE
 from gpujobs_fakes.evidence import FixedPlacementScores
 from gpujobs_fakes.memory import FixedClock, StaticTeamConfig
 from tests.service.conftest import World
@@ -167,6 +168,9 @@ class SimulatedCloud:
     """Walks that tried a spot zone EC2 scored lower before a higher-scored one (`domain.pools`)."""
     warned: set[str] = field(default_factory=set)
     """Instances EC2 sent a spot warning for."""
+    unreclaimed: dict[str, datetime | None] = field(default_factory=dict)
+    """Instances warned by a warning whose reclaim never comes (a drill, or one sent by hand), and when
+    the control plane first handled that warning (None: not yet)."""
     teams: StaticTeamConfig | None = None
     """The team configuration the sequence runs with (`use_teams`); None: none."""
     admissions: dict[str, Admission | None] = field(default_factory=dict)
@@ -351,6 +355,8 @@ class SimulatedCloud:
         reported = event.kind in ("heartbeat", "checkpoint", "exit")
         attempt_over = reported and self._attempt_over(event.args[0], event.args[1])
         handled = handlers[event.kind](*event.args)
+        if event.kind == "warning" and event.args[0] in self.unreclaimed and self.unreclaimed[event.args[0]] is None:
+            self.unreclaimed[event.args[0]] = self.now
         if reported and not getattr(handled, "ignored", True) and not attempt_over:
             # heard before the attempt's verdict: one recorded on an attempt already judged came after it
             self.heard_at.setdefault((event.args[0], event.args[1]), self.now)
@@ -413,10 +419,14 @@ class SimulatedCloud:
             self.gone_on_its_own.setdefault(instance_id, self.now)
         self.observe()
 
-    def warn(self, instance_id: str) -> None:
-        """A spot warning: the event goes out now, and EC2 takes the instance two minutes later."""
+    def warn(self, instance_id: str, *, reclaimed: bool = True) -> None:
+        """A spot warning: the event goes out now, and EC2 takes the instance two minutes later;
+        `reclaimed` False: a drill or a warning sent by hand, after which nothing takes it."""
         self.warned.add(instance_id)
-        self.reclaim_at.setdefault(instance_id, self.now + SPOT_WARNING_WINDOW)
+        if reclaimed:
+            self.reclaim_at.setdefault(instance_id, self.now + SPOT_WARNING_WINDOW)
+        elif instance_id not in self.reclaim_at:
+            self.unreclaimed.setdefault(instance_id, None)
         self.pending.append(Delivery("warning", (instance_id,)))
 
     def observe(self) -> None:
@@ -545,6 +555,7 @@ class SimulatedCloud:
         problems += self._regroups_in_place(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
+        problems += self._replaced_but_running(jobs)
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
         problems += self.moves_broken_early
@@ -828,6 +839,26 @@ class SimulatedCloud:
                     warned = max(warned, self._launched_after(job_id, number))
                 if warned is None or self.now - warned > RECLAIM_WINDOW:
                     problems.append(f"{job_id}: attempts {sorted(numbers)} both have live instances")
+        return problems
+
+    def _replaced_but_running(self, jobs: dict[str, Job]) -> list[str]:
+        """An instance warned by a warning whose reclaim never came, once the control plane has taken
+        it out of the job (it left its gang, or its attempt was interrupted and replaced), goes when the
+        warning's window and the grace are over (a node younger than the orphan grace when it left
+        its gang, once that grace is over): a drill never leaves the old instance running and paid.
+        A deadline's move keeps its attempt until the next gang is up (`_overlapping_gangs` judges it)."""
+        problems = []
+        for iid, heard in self.unreclaimed.items():
+            fake = self.world.compute.instances[iid]
+            job = jobs.get(fake.request.job_id)
+            attempt = job.attempt(fake.request.attempt) if job else None
+            if heard is None or fake.state not in UP_STATES or attempt is None or attempt.moved:
+                continue
+            if iid not in attempt.left and attempt.interrupted_at is None:
+                continue  # still one of its gang's nodes (the warning came before its launch was recorded)
+            due = max(heard + RECLAIM_WINDOW, fake.launched_at + ORPHAN_GRACE + 2 * RECONCILE_EVERY)
+            if self.now > due:
+                problems.append(f"{iid}, warned at {heard} and replaced, still runs at {self.now} ({job.job_id})")
         return problems
 
     def _launched_after(self, job_id: str, number: int) -> datetime:

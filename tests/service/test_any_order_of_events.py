@@ -3,7 +3,7 @@
 Hypothesis plays random sequences against the service layer wired to the in-memory fakes
 (`cloud.SimulatedCloud`): submissions and their redeliveries, capacity and vCPU quotas per pool,
 invocations with little time left (a walk cut short mid-ladder), deadlines and their market moves,
-spot warnings and reclaims (one at a time, or a storm across every pool; spot room lost and back
+spot warnings and reclaims (a warning whose reclaim never comes among them; one at a time, or a storm across every pool; spot room lost and back
 everywhere at once; a warning for one node of a gang replaces that node in place, or the whole gang
 when its pool has no room), EC2's spot placement scores changing, volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
@@ -123,6 +123,14 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         spot = [i for i in self.cloud.up_instances() if self._market(i) == "spot"]
         if spot:
             self.cloud.warn(spot[which % len(spot)])
+
+    @rule(which=pick)
+    def warning_whose_reclaim_never_comes(self, which: int) -> None:
+        """A drill or a warning sent by hand (`gpujobs interrupt` whose FIS experiment was stopped):
+        the control plane replaces the instance as for any warning, and nothing else ever takes it."""
+        spot = [i for i in self.cloud.up_instances() if self._market(i) == "spot"]
+        if spot:
+            self.cloud.warn(spot[which % len(spot)], reclaimed=False)
 
     @rule()
     def spot_storm(self) -> None:

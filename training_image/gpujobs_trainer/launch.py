@@ -347,8 +347,19 @@ def _gpu_count(env: Mapping[str, str]) -> int:
     return int(torch.cuda.device_count())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+AWS_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+"""Libraries whose INFO lines ("Found credentials in environment variables.", "Found endpoint for s3
+via: environment_global.") are noise in a job's log: only their warnings and errors are shown."""
+
+
+def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="[gpujobs launch] %(levelname)s %(message)s")
+    for name in AWS_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()
     command = split_command(sys.argv[1:] if argv is None else argv)
     if command and command[0] in {"-h", "--help"}:
         print(__doc__)

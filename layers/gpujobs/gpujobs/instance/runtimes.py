@@ -55,6 +55,9 @@ HOST_DATA_DIR = "/var/lib/gpujobs"
 """Where docker's output folders live on the instance: the root volume (/tmp may be held in memory)."""
 OUTPUTS_IN_CONTAINER = "/var/lib/gpujobs/outputs"
 CHECKPOINTS_IN_CONTAINER = "/var/lib/gpujobs/checkpoints"
+OUR_INFO_LINE = re.compile(rb"^\s*\[gpujobs (?:launch|rank [^\]]*)\] (?:INFO|DEBUG) ")
+"""The launcher's and the trainer's own progress lines ("torchrun exited 1; job outcome: crash"): never
+an exit message. Their warnings and errors (a configuration error's reason) are, like the workload's."""
 """The training image's GPUJOBS_LOCAL_CHECKPOINT_DIR: docker mounts the host's staging folder there."""
 
 
@@ -128,7 +131,7 @@ class Runtime:
             sys.stderr.buffer.flush()
             if self.shipper is not None:
                 self.shipper.write(line.decode("utf-8", "replace"))
-            if line.strip():
+            if line.strip() and not OUR_INFO_LINE.match(line):
                 self.last_line = line.decode(errors="replace").strip()[-300:]
 
     def stop(self, signum: int, timeout: int) -> None:
