@@ -54,6 +54,7 @@ def test_a_recipe_stopped_by_sigterm_resumes_with_the_same_losses_and_weights(re
     job.signal(signal.SIGTERM)
     interrupted = job.finish()
     assert interrupted.exit_code == PREEMPTED_EXIT_CODE, interrupted.output
+    assert not [line for line in interrupted.lines if "SignalException" in line]  # a clean stop reads as one
     [saved] = committed_steps(checkpoints)
     assert commit_of(checkpoints, saved)["reason"] == "preempted"
     assert 10 <= saved < STEPS

@@ -56,6 +56,7 @@ from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publis
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
 from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
+from gpujobs_trainer.torchrun_output import TorchrunStderr
 
 log = logging.getLogger("gpujobs_trainer.launch")
 
@@ -247,7 +248,10 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
     signal.signal(signal.SIGINT, forward_stop)
     signal.signal(signal.SIGUSR1, forward_checkpoint)
     log.info("launching: %s", " ".join(argv))
-    proc = subprocess.Popen(argv, env=child_env)
+    proc = subprocess.Popen(argv, env=child_env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    torchrun_stderr = TorchrunStderr(proc.stderr, sys.stderr.buffer, stop_asked=lambda: bool(stopped))
+    torchrun_stderr.start()
     started.append(proc)
     if own is not None:
         own.started()
@@ -257,6 +261,7 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
         notice = own.spot_notice() if own is not None else ""
         if notice and not stopped:
             stop(notice)
+    torchrun_stderr.close()
     if own is not None:
         outcome = own.finish(torchrun_code=torchrun_code, stopped=bool(stopped))
     else:
