@@ -253,6 +253,9 @@ class Signaller(Protocol):
     def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
         """Ask the training container to save a checkpoint now and keep training (SIGUSR1)."""
 
+    def dump_stacks(self, *, instance_ids: Sequence[str], container: str) -> None:
+        """Ask a hung training container for every rank's stacks, uploaded beside its outputs (SIGUSR2)."""
+
 
 @dataclass(frozen=True)
 class IdleAlarmState:
