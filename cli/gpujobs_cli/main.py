@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, queue
+from gpujobs_cli import artifacts, bake, commands, dashboard, debug, doctor, queue
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -40,6 +40,7 @@ examples:
   gpujobs cancel j-0123456789abcdef
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
+  gpujobs debug j-0123456789abcdef
   gpujobs dashboard
   gpujobs doctor
   gpujobs bake 123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1 --write-parameter
@@ -141,6 +142,7 @@ _COMMANDS = {
         "command exits 1 when anything was skipped. Progress goes to stderr.",
         "examples:\n  gpujobs download j-0123456789abcdef\n  gpujobs download j-0123456789abcdef ./results --force",
     ),
+    "debug": (debug.SUMMARY, debug.DESCRIPTION, debug.EPILOG),
     "dashboard": (
         "print the URL of the stack's CloudWatch dashboard",
         "Print the console URL of the stack's operations dashboard (jobs by state, launches and\n"
@@ -239,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
     _add_logs_arguments(made["logs"])
     bake.add_arguments(made["bake"])
+    debug.add_arguments(made["debug"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     for name in ("artifacts", "download"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
@@ -268,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         "logs": commands.cmd_logs,
         "artifacts": artifacts.cmd_artifacts,
         "download": artifacts.cmd_download,
+        "debug": debug.cmd_debug,
         "doctor": doctor.cmd_doctor,
         "bake": bake.cmd_bake,
         "queue": queue.cmd_queue,
