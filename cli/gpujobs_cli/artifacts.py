@@ -100,7 +100,7 @@ def human_size(size: int) -> str:
 # ---- the commands ---------------------------------------------------------------------------
 def cmd_artifacts(args: argparse.Namespace) -> int:
     resources = discover(stack=args.stack, region=args.region, needs=(BUCKET, TABLE))
-    prefix, artifacts = _artifacts_of(resources, args.job_id)
+    prefix, artifacts = artifacts_of(resources, args.job_id)
     where = f"s3://{resources.values[BUCKET]}/{prefix}"
     if args.json:
         print(json.dumps([_as_json(a, where) for a in artifacts], indent=2))
@@ -116,7 +116,7 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     resources = discover(stack=args.stack, region=args.region, needs=(BUCKET, TABLE))
-    prefix, artifacts = _artifacts_of(resources, args.job_id)
+    prefix, artifacts = artifacts_of(resources, args.job_id)
     if not artifacts:
         return EXIT_FAILED
     root = Path(args.dir if args.dir is not None else args.job_id)
@@ -160,8 +160,9 @@ def _skipping(artifact: Artifact, why: str | None) -> None:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _artifacts_of(resources: Resources, job_id: str) -> tuple[str, list[Artifact]]:
-    """The job's outputs prefix and what is under it. No job: exit 3; none yet: said on stderr."""
+def artifacts_of(resources: Resources, job_id: str, *, quiet: bool = False) -> tuple[str, list[Artifact]]:
+    """The job's outputs prefix and what is under it. No job: exit 3; none yet: said on stderr
+    (unless `quiet`: the caller says what it missed)."""
     store = DynamoJobStore(table_name=resources.table_name, client=resources.client("dynamodb"))
     try:
         job = store.get(job_id)
@@ -176,6 +177,8 @@ def _artifacts_of(resources: Resources, job_id: str) -> tuple[str, list[Artifact
     artifacts = _listed_if_allowed(s3, bucket=bucket, prefix=before_teams)
     if artifacts:
         return before_teams, artifacts
+    if quiet:
+        return prefix, []
     print(
         f"{job_id} ({job.state.value}) has no outputs yet: its output folder is uploaded when it ends "
         "and whenever it asks for it (docs/training.md)",

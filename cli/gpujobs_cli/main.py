@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, bake, commands, dashboard, doctor, drills, queue, shell
+from gpujobs_cli import artifacts, bake, commands, dashboard, debug, doctor, drills, queue, shell
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -43,6 +43,7 @@ examples:
   gpujobs interrupt j-0123456789abcdef --node 1
   gpujobs artifacts j-0123456789abcdef
   gpujobs download j-0123456789abcdef ./results
+  gpujobs debug j-0123456789abcdef
   gpujobs dashboard
   gpujobs doctor
   gpujobs bake 123456789012.dkr.ecr.us-east-1.amazonaws.com/train:1 --write-parameter
@@ -163,6 +164,7 @@ _COMMANDS = {
         "command exits 1 when anything was skipped. Progress goes to stderr.",
         "examples:\n  gpujobs download j-0123456789abcdef\n  gpujobs download j-0123456789abcdef ./results --force",
     ),
+    "debug": (debug.SUMMARY, debug.DESCRIPTION, debug.EPILOG),
     "dashboard": (
         "print the URL of the stack's CloudWatch dashboard",
         "Print the console URL of the stack's operations dashboard (jobs by state, launches and\n"
@@ -263,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     bake.add_arguments(made["bake"])
     shell.add_arguments(made["shell"], made["exec"])
     drills.add_arguments(made["interrupt"])
+    debug.add_arguments(made["debug"])
     made["status"].add_argument("--watch", action="store_true", help="refresh every 2 s until the job ends")
     for name in ("artifacts", "download"):
         made[name].add_argument("job_id", metavar="ID", help="job id, as printed by submit (j-...)")
@@ -293,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "logs": commands.cmd_logs,
         "artifacts": artifacts.cmd_artifacts,
         "download": artifacts.cmd_download,
+        "debug": debug.cmd_debug,
         "doctor": doctor.cmd_doctor,
         "bake": bake.cmd_bake,
         "queue": queue.cmd_queue,

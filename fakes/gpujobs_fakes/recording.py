@@ -98,11 +98,17 @@ class FixedReportKeys:
 @dataclass
 class RecordingSignaller:
     signals: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+    dumps: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
+    """Hung gangs asked for their stacks (SIGUSR2), in order."""
     faults: Faults = field(default_factory=Faults)
 
     def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
         self.faults.check("checkpoint_now")
         self.signals.append((tuple(instance_ids), container))
+
+    def dump_stacks(self, *, instance_ids: Sequence[str], container: str) -> None:
+        self.faults.check("dump_stacks")
+        self.dumps.append((tuple(instance_ids), container))
 
 
 @dataclass

@@ -134,8 +134,23 @@ def test_checkpoint_now_sends_the_stacks_document_with_the_container_name(aws: N
 
     [command] = ssm.list_commands()["Commands"]
     assert command["DocumentName"] == "gpujobs-checkpoint-now"
-    assert command["Parameters"] == {"containerName": [container]}
+    assert command["Parameters"] == {"containerName": [container], "signal": ["SIGUSR1"]}
     assert sorted(command["InstanceIds"]) == ["i-0aaa", "i-0bbb"]
+
+
+def test_a_hung_gangs_dump_is_asked_for_with_sigusr2_through_the_same_document(aws: None) -> None:
+    ssm = client("ssm")
+    document = properties("CheckpointNowDocument")
+    ssm.create_document(Name="gpujobs-checkpoint-now", Content=json.dumps(document["Content"]), DocumentType="Command")
+    container = "gpujobs-j-0123456789abcdef-a3"
+
+    SsmSignaller(client=ssm, document_name="gpujobs-checkpoint-now").dump_stacks(
+        instance_ids=["i-0aaa"], container=container
+    )
+
+    [command] = ssm.list_commands()["Commands"]
+    assert command["DocumentName"] == "gpujobs-checkpoint-now"
+    assert command["Parameters"] == {"containerName": [container], "signal": ["SIGUSR2"]}
 
 
 def test_checkpoint_now_without_instances_sends_nothing(aws: None) -> None:

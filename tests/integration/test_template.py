@@ -651,12 +651,20 @@ def test_checkpoint_now_document_signals_only_a_gpujobs_container_name() -> None
     content = props["Content"]
     (step,) = content["mainSteps"]
     allowed = re.compile(content["parameters"]["containerName"]["allowedPattern"])
+    signals = re.compile(content["parameters"]["signal"]["allowedPattern"])
 
     assert props["DocumentType"] == "Command"
     assert content["schemaVersion"] == "2.2"
-    assert list(content["parameters"]) == ["containerName"]
+    assert list(content["parameters"]) == ["containerName", "signal"]
     assert step["action"] == "aws:runShellScript"
-    assert step["inputs"]["runCommand"] == ["docker kill --signal SIGUSR1 {{ containerName }}"]
+    assert step["inputs"]["runCommand"] == ["docker kill --signal {{ signal }} {{ containerName }}"]
+    assert content["parameters"]["signal"]["default"] == "SIGUSR1"
+    assert [
+        s for s in ("SIGUSR1", "SIGUSR2", "SIGKILL", "SIGUSR1; reboot", "SIGUSR2\nreboot") if signals.search(s)
+    ] == [
+        "SIGUSR1",
+        "SIGUSR2",
+    ]
     assert allowed.search("gpujobs-j-0123456789abcdef-a1")
     assert allowed.search("gpujobs-j-0123456789abcdef-a9999")
     for hostile in (

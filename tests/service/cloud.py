@@ -29,7 +29,7 @@ from gpujobs.domain.budget import BudgetMode, launch_hold
 from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
 from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW, placement_group_of
-from gpujobs.domain.hangs import launched_at
+from gpujobs.domain.hangs import HANG_DUMP_WAIT, launched_at
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
 from gpujobs.domain.job import Admission, Job, Market
 from gpujobs.domain.job_access import job_prefix
@@ -314,16 +314,35 @@ class SimulatedCloud:
         self.last_reconcile = self.now
         up = set(self.up_instances())
         hung = sum(1 for gang, nodes in self.gangs().items() if gang in self.hung and up.intersection(nodes))
+        dumped_long_enough = self._hung_gangs_dumped_before(self.now - HANG_DUMP_WAIT, up)
 
         def run() -> None:
-            judged = self.world.reconciler.run().repairs[Repair.HUNG_ATTEMPTS_TERMINATED]
+            repairs = self.world.reconciler.run().repairs
+            judged = repairs[Repair.HUNG_ATTEMPTS_DUMPED] + repairs[Repair.HUNG_ATTEMPTS_TERMINATED]
             if judged > hung:
                 self.hangs_judged_wrongly.append(
                     f"{self.now}: {judged} attempt(s) judged hung, but only {hung} gang(s) stopped heartbeating"
                     + (" (reports throttled)" if self.reports_throttled else "")
                 )
+            if repairs[Repair.HUNG_ATTEMPTS_TERMINATED] > dumped_long_enough:
+                self.hangs_judged_wrongly.append(
+                    f"{self.now}: {repairs[Repair.HUNG_ATTEMPTS_TERMINATED]} hung gang(s) killed, but only "
+                    f"{dumped_long_enough} had their stacks asked for {HANG_DUMP_WAIT} before (`domain.hangs`)"
+                )
 
         return self.attempt(run)
+
+    def _hung_gangs_dumped_before(self, when: datetime, up: set[str]) -> int:
+        """Hung gangs, still up, whose record says their dump was asked for at or before `when`."""
+        return sum(
+            1
+            for job in self.jobs()
+            if (attempt := job.current_attempt) is not None
+            and (job.job_id, attempt.number) in self.hung
+            and attempt.hang_dump_asked_at is not None
+            and attempt.hang_dump_asked_at <= when
+            and up.intersection(attempt.instance_ids)
+        )
 
     def deliver(self, index: int, *, keep: bool = False) -> None:
         """Deliver one pending event; it stays pending if the handler died (Lambda retries) or `keep`."""
@@ -989,8 +1008,12 @@ class SimulatedCloud:
         if spec.checkpoint.takes_checkpoint_requests and attempt.last_heartbeat_at is None:
             launched = launched_at(job, attempt)
             silent = self.now - max(launched, self._reports_throttled_at(self.now) or launched)
-            if silent > spec.trainer.first_heartbeat + 2 * RECONCILE_EVERY:
+            if silent > spec.trainer.first_heartbeat + HANG_DUMP_WAIT + 2 * RECONCILE_EVERY:  # dumped, then killed
                 return f"no first heartbeat for {silent}, yet not judged hung"
+        if (job.job_id, attempt.number) in self.hung and attempt.last_heartbeat_at is not None and not attempt.regroup:
+            since = max(attempt.last_heartbeat_at, self._reports_throttled_at(self.now) or attempt.last_heartbeat_at)
+            if self.now - since > spec.trainer.heartbeat_overdue + HANG_DUMP_WAIT + 2 * RECONCILE_EVERY:
+                return f"hung since {since}, yet its gang still runs (dumped at {attempt.hang_dump_asked_at})"
         if spec.gpus_per_node > 0:
             lacking = [i for i in attempt.instance_ids if i not in self.world.alarms.alarms]
             if lacking:

@@ -8,6 +8,7 @@ import pytest
 
 from gpujobs.domain.rundoc import RunDocument, RunDocumentPointer
 from gpujobs.service.config import LaunchConfig
+from gpujobs.service.repairs import ReconcileReport
 from gpujobs_fakes.memory import (
     FakeCompute,
     FixedClock,
@@ -26,7 +27,7 @@ CONFIG = LaunchConfig(
     checkpoint_bucket="ckpt-bucket", event_bus_name="gpujobs-jobs", region="us-east-1", allowed_instance_types=ALLOWED
 )
 
-__all__ = ["ALLOWED", "World", "json_user_data", "spec"]
+__all__ = ["ALLOWED", "World", "dumped_then_killed", "json_user_data", "spec"]
 
 
 class World:
@@ -95,6 +96,22 @@ def spec(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+def dumped_then_killed(world: World) -> ReconcileReport:
+    """A hung gang is dumped before it is killed (`domain.hangs`): the tick that finds it hung asks
+    for its ranks' stacks and terminates nothing; the tick `HANG_DUMP_WAIT` later terminates it.
+    That second tick's report."""
+    from gpujobs.domain.hangs import HANG_DUMP_WAIT
+    from gpujobs.service.repairs import Repair
+
+    terminated_before = set(world.compute.terminated)
+    asked = world.reconciler.run()
+    assert asked.repairs[Repair.HUNG_ATTEMPTS_DUMPED] >= 1, "the hung gang's stacks were not asked for"
+    assert asked.repairs[Repair.HUNG_ATTEMPTS_TERMINATED] == 0, "a hung gang was killed before its dump"
+    assert set(world.compute.terminated) == terminated_before
+    world.clock.advance(seconds=HANG_DUMP_WAIT.total_seconds())
+    return world.reconciler.run()
 
 
 def stopped_for_cost_after(world: World, job_id: str, *, minutes: int) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from gpujobs.domain.effects import EFFECTS_FAILED
+from gpujobs.domain.hangs import HANG_DUMP_WAIT
 from gpujobs.domain.job import Job
 from gpujobs.domain.job_metrics import JobMetric
 from gpujobs.domain.reports import CheckpointReport, HeartbeatReport
@@ -106,6 +107,8 @@ def test_a_hung_attempt_whose_terminate_fails_is_counted_and_the_run_goes_on(
     job, iid = running(world)
     world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=10))
     world.clock.advance(minutes=16)
+    world.reconciler.run()  # asks for the stacks first (`domain.hangs`)
+    world.clock.advance(minutes=HANG_DUMP_WAIT.total_seconds() / 60)
     world.compute.faults.fail_next("terminate")
 
     report = world.reconciler.run()

@@ -13,7 +13,7 @@ from gpujobs.domain.hangs import hang_of
 from gpujobs.domain.job import Job
 from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
-from tests.service.conftest import World, spec
+from tests.service.conftest import World, dumped_then_killed, spec
 
 HUNG = "hung attempts terminated"
 
@@ -38,7 +38,7 @@ def test_silence_while_reports_were_throttled_is_no_hang_and_a_real_hang_is_stil
     assert iid not in world.compute.terminated
 
     world.clock.advance(minutes=10)  # 16 minutes since the last throttle, and still nothing came
-    report = world.reconciler.run()
+    report = dumped_then_killed(world)
 
     assert report.repairs[HUNG] == 1
     assert iid in world.compute.terminated
@@ -51,7 +51,7 @@ def test_a_throttle_before_the_last_heartbeat_changes_nothing(world: World) -> N
 
     world.clock.advance(minutes=16)
 
-    assert world.reconciler.run().repairs[HUNG] == 1
+    assert dumped_then_killed(world).repairs[HUNG] == 1
     assert job.instance_ids[0] in world.compute.terminated
 
 
@@ -64,7 +64,7 @@ def test_an_unreadable_throttle_metric_judges_hangs_as_before(world: World) -> N
     world.rewire(reports_throttled_at=refused)
     world.clock.advance(minutes=16)
 
-    assert world.reconciler.run().repairs[HUNG] == 1
+    assert dumped_then_killed(world).repairs[HUNG] == 1
     assert job.instance_ids[0] in world.compute.terminated
 
 

@@ -219,7 +219,9 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
     @rule(which=pick)
     def trainer_hangs(self, which: int) -> None:
         """Its trainer reports nothing more: after its heartbeats began, or before the first (NCCL/EFA
-        initialisation hangs); either way the reconciler replaces the gang (`domain.hangs`)."""
+        initialisation hangs); either way the reconciler asks for its ranks' stacks, then replaces
+        the gang `HANG_DUMP_WAIT` later, never sooner (`domain.hangs`; `hangs_judged_wrongly`), and
+        the hang still ends it (`unhealthy`)."""
         gang = self._gang(which)
         if gang:
             self.cloud.hung.add(gang)
@@ -275,6 +277,14 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
 
     @rule()
     def reconciler_runs(self) -> None:
+        self.cloud.reconcile()
+
+    @rule()
+    def reconciler_runs_twice_at_once(self) -> None:
+        """Two ticks close together (a retried invocation, a run by hand beside the schedule): the
+        second asks no hung gang for its stacks again and kills none whose dump was asked for
+        moments ago (`domain.hangs`; `hangs_judged_wrongly`)."""
+        self.cloud.reconcile()
         self.cloud.reconcile()
 
     @rule(which=pick, when=st.sampled_from(FAULT_TIMINGS))
@@ -481,3 +491,23 @@ def test_a_survivor_that_crashes_while_its_gang_waits_for_a_replacement_ends_the
     assert Reason.NO_ROOM_FOR_NODE in [e.reason for e in gang.history]
     assert gang.attempts[0].interrupted_at is not None
     state.teardown()
+
+
+def test_a_hung_gang_is_dumped_at_one_tick_and_killed_only_after_the_dumps_wait() -> None:
+    """The proof's rule for hangs, played out: a tick right after the one that asked for the stacks
+    kills nothing; a tick past `HANG_DUMP_WAIT` ends the gang, and the job goes on."""
+    cloud = SimulatedCloud()
+    cloud.submit(json.dumps(spec()), "msg-0")
+    [gang] = cloud.gangs()
+    cloud.hung.add(gang)  # stuck before its first heartbeat (NCCL initialisation)
+    cloud.advance(timedelta(minutes=30))  # the tick at 30 min finds it hung and asks for its stacks
+
+    cloud.reconcile()
+    cloud.reconcile()
+
+    assert not cloud.violations()
+    assert gang in cloud.gangs()
+    assert [containers for _, containers in cloud.world.signaller.dumps] == [f"gpujobs-{gang[0]}-a{gang[1]}"]
+    cloud.advance(timedelta(minutes=5))
+    assert not cloud.violations()
+    assert gang not in cloud.gangs()

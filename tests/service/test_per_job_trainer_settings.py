@@ -7,7 +7,7 @@ import json
 from gpujobs.domain.job import Job
 from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
-from tests.service.conftest import World, spec
+from tests.service.conftest import World, dumped_then_killed, spec
 
 
 def running(world: World, **overrides: object) -> Job:
@@ -31,7 +31,7 @@ def test_a_job_with_a_longer_overdue_limit_is_not_taken_for_hung_before_it(world
     world.clock.advance(minutes=16)  # past the default limit of 15 minutes
     assert world.reconciler.run().repairs["hung attempts terminated"] == 0
     world.clock.advance(minutes=30)
-    report = world.reconciler.run()
+    report = dumped_then_killed(world)
 
     assert report.repairs["hung attempts terminated"] == 1
     assert iid in world.compute.terminated
@@ -60,7 +60,7 @@ def test_an_attempt_that_never_sends_its_first_heartbeat_is_replaced_after_the_j
     assert world.reconciler.run().repairs["hung attempts terminated"] == 0
     assert iid not in world.compute.terminated
     world.clock.advance(minutes=1)
-    report = world.reconciler.run()
+    report = dumped_then_killed(world)
 
     assert report.repairs["hung attempts terminated"] == 1
     assert iid in world.compute.terminated
@@ -83,7 +83,7 @@ def test_the_first_heartbeat_limit_defaults_to_thirty_minutes_and_a_heartbeat_li
     world.reactions.report(HeartbeatReport(job_id=started.job_id, attempt=1, step=1))
     assert world.reconciler.run().repairs["hung attempts terminated"] == 0
     world.clock.advance(minutes=2)  # 31 minutes in: past the first-heartbeat limit, not the overdue one
-    report = world.reconciler.run()
+    report = dumped_then_killed(world)
 
     assert report.repairs["hung attempts terminated"] == 1
     assert silent_iid in world.compute.terminated

@@ -10,7 +10,7 @@ from gpujobs.domain.job import Job
 from gpujobs.domain.launching import LAUNCH_LEASE
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
-from tests.service.conftest import World, spec, stopped_for_cost_after
+from tests.service.conftest import World, dumped_then_killed, spec, stopped_for_cost_after
 
 
 def running(world: World, message_id: str = "msg-1", **overrides: object) -> Job:
@@ -158,7 +158,7 @@ def test_a_hung_trainer_whose_heartbeat_stopped_is_replaced(world: World) -> Non
     world.reactions.report(HeartbeatReport(job_id=job.job_id, attempt=1, step=10))
 
     world.clock.advance(minutes=16)
-    report = world.reconciler.run()
+    report = dumped_then_killed(world)
 
     assert report.repairs["hung attempts terminated"] == 1
     assert iid in world.compute.terminated

@@ -74,8 +74,8 @@ def test_a_tick_short_of_time_repairs_the_least_recently_updated_first_and_defer
 
     assert store.batch_reads == [READ_BATCH, READ_BATCH]
     assert report.repairs[Repair.RUNNING_REPAIRS_DEFERRED_TO_THE_NEXT_RUN] == 50
-    assert report.repairs[Repair.HUNG_ATTEMPTS_TERMINATED] == 1  # listed last by the index, repaired first
-    assert world.compute.instances[hung.instance_ids[0]].state == "terminated"
+    assert report.repairs[Repair.HUNG_ATTEMPTS_DUMPED] == 1  # listed last by the index, repaired first
+    assert world.signaller.dumps == [(hung.instance_ids, f"gpujobs-{hung.job_id}-a1")]  # its kill follows the dump
     # the jobs it had no time for keep their instances and their idle alarms
     deferred = others[-50:]
     assert all(world.compute.instances[j.instance_ids[0]].state == "running" for j in deferred)

@@ -13,6 +13,8 @@ Signals: SIGTERM/SIGINT go to torchrun, which forwards SIGTERM to the workers an
 cannot go through torchrun: torchrun treats every signal it handles as a reason to shut down.
 So the launcher sends SIGUSR1 straight to torchrun's worker processes, and only to those that
 handle it (a script that has not reached `gpujobs_trainer.init` yet would be killed by it).
+SIGUSR2 ("dump your stacks": the control plane found the gang hung and kills it next) dumps every
+worker's stacks beside the outputs in a thread of its own (`stack_dumps`), and never reaches torchrun.
 
 Under the instance bootstrap, the launcher asks for the output folder's upload and waits for it
 before reporting its exit: that report may end the job, and the instance with it. A node of a gang
@@ -37,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,8 +57,9 @@ from gpujobs_trainer.errors import (
 )
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
-from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
+from gpujobs_trainer.outputs import DEFAULT_OUTPUT_DIR, OUTPUT_DIR_ENV, upload_and_wait
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
+from gpujobs_trainer.stack_dumps import Worker, dump_and_upload, nccl_flight_recorder_env, rank_of
 from gpujobs_trainer.torchrun_output import TorchrunStderr
 
 log = logging.getLogger("gpujobs_trainer.launch")
@@ -220,6 +224,8 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
     outcome_dir = Path(tempfile.mkdtemp(prefix="gpujobs-outcome-"))
     child_env = {**env, "GPUJOBS_OUTCOME_DIR": str(outcome_dir), "GPUJOBS_NODE_RANK": str(plan.node_rank)}
     child_env.update(own.env if own is not None else {})
+    stacks_dir = Path(tempfile.mkdtemp(prefix="gpujobs-stacks-"))
+    child_env.update(nccl_flight_recorder_env(env, stacks_dir))
     argv = torchrun_argv(plan)
     started: list[subprocess.Popen[bytes]] = []
     stopped: list[str] = []
@@ -243,10 +249,23 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
 
+    def dump_stacks(_signum: int, _frame: FrameType | None) -> None:
+        workers = [Worker(pid, rank_of(pid)) for proc in started for pid in child_pids(proc.pid)]
+        log.info("got SIGUSR2: dumping the stacks of workers %s", [w.pid for w in workers])
+        where = {
+            "output_dir": Path(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR),
+            "attempt": plan.attempt,
+            "node_rank": plan.node_rank,
+            "stacks_dir": stacks_dir,
+            "upload": bool(plan.instance_id and env.get(OUTPUT_DIR_ENV)),  # under the bootstrap
+        }
+        threading.Thread(target=dump_and_upload, args=(workers,), kwargs=where, daemon=True).start()
+
     # Installed before the start: a signal that arrives first must not take the launcher's default action.
     signal.signal(signal.SIGTERM, forward_stop)
     signal.signal(signal.SIGINT, forward_stop)
     signal.signal(signal.SIGUSR1, forward_checkpoint)
+    signal.signal(signal.SIGUSR2, dump_stacks)
     log.info("launching: %s", " ".join(argv))
     proc = subprocess.Popen(argv, env=child_env, stderr=subprocess.PIPE)
     assert proc.stderr is not None

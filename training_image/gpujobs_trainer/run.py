@@ -44,6 +44,7 @@ from gpujobs_trainer.interruption import ImdsClient, ImdsWatcher, StopFlags, ins
 from gpujobs_trainer.layout import CommitMarker, Reason
 from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
 from gpujobs_trainer.outputs import request_upload
+from gpujobs_trainer.stack_dumps import install_faulthandler
 from gpujobs_trainer.state_io import TrainingState
 from gpujobs_trainer.storage import open_store
 
@@ -325,6 +326,7 @@ def init(
     """
     _configure_logging()
     rank = int(os.environ.get("RANK", "0") or 0)
+    install_faulthandler(os.environ, rank=rank)  # first: a hang in the process group's setup is dumped too
     outcome_dir = os.environ.get("GPUJOBS_OUTCOME_DIR", "")
     try:
         config = config or TrainerConfig.from_env()

@@ -100,6 +100,8 @@ class Attempt(Frozen):
     last_heartbeat_at: datetime | None = None
     heartbeat_step: int | None = None
     checkpoint_signalled_at: datetime | None = None
+    hang_dump_asked_at: datetime | None = None
+    """When the reconciler asked the hung gang for its stacks (`domain.hangs`): the kill waits for it."""
     idle_detection_off_at: datetime | None = None
     """When the reconciler found this attempt's idle alarms fed no GPU metric (`domain.idle_detection`)."""
     generation: int = 0

@@ -56,6 +56,14 @@ class SignalCheckpoint:
 
 
 @dataclass(frozen=True)
+class DumpStacks:
+    """Ask a hung gang's containers for every rank's stacks (SIGUSR2; `domain.hangs`)."""
+
+    instance_ids: tuple[str, ...]
+    container: str
+
+
+@dataclass(frozen=True)
 class TagGeneration:
     """Tag a regrouping gang's nodes with its generation (`domain.regroup`): a survivor whose
     workload exited 75 rendezvous again with the nodes of its new generation."""
@@ -72,7 +80,15 @@ class Launch:
 
 
 Effect = (
-    Terminate | Stop | TerminateJobInstances | CreateAlarms | DeleteAlarms | SignalCheckpoint | TagGeneration | Launch
+    Terminate
+    | Stop
+    | TerminateJobInstances
+    | CreateAlarms
+    | DeleteAlarms
+    | SignalCheckpoint
+    | DumpStacks
+    | TagGeneration
+    | Launch
 )
 
 EFFECTS_FAILED = "EffectsFailed"
@@ -91,7 +107,7 @@ def aws_call_of(effect: Effect) -> str | None:
             return "PutMetricAlarm"
         case DeleteAlarms():
             return "DeleteAlarms"
-        case SignalCheckpoint():
+        case SignalCheckpoint() | DumpStacks():
             return "SendCommand"
         case TagGeneration():
             return "CreateTags"
@@ -131,6 +147,8 @@ class Outcome(StrEnum):
     BUDGET_APPLIED = "budget policy applied"
     MARKET_CHANGED = "moved to the market the deadline needs"
     OBJECTS_DELETED = "the ended job's objects deleted"
+    HANG_DUMP_ASKED = "hung: its ranks' stacks asked for before the kill"
+    HUNG_GANG_TERMINATED = "hung: its gang terminated"
     # ---- ignored ----
     NOT_OURS = "ignored: not a gpujobs instance"
     UNKNOWN_JOB = "ignored: no such job"
@@ -152,6 +170,8 @@ class Outcome(StrEnum):
     UNPROVEN_REPORT = "ignored: the report's proof is missing, wrong or stale"
     MALFORMED = "ignored: malformed event or id"
     OTHER_STACK = "ignored: another stack's resource"
+    NOT_HUNG = "ignored: not hung"
+    HANG_DUMP_AWAITED = "ignored: hung, its dump is awaited before the kill"
 
     @property
     def ignored(self) -> bool:
@@ -180,6 +200,8 @@ IGNORED = frozenset(
         Outcome.UNPROVEN_REPORT,
         Outcome.MALFORMED,
         Outcome.OTHER_STACK,
+        Outcome.NOT_HUNG,
+        Outcome.HANG_DUMP_AWAITED,
     }
 )
 

@@ -22,6 +22,13 @@ A heartbeat that could not arrive is no sign of a hang: while the Reports functi
 heartbeats wait in Lambda's queue. So silence is counted from the later of the last heartbeat (or
 the attempt's start) and the last minute the reports path was seen throttled (`reports_throttled_at`,
 read by the reconciler once per tick): no job is judged hung for a silence the control plane caused.
+
+A hung gang is dumped before it is killed (`on_hang`): the first tick that finds it hung asks every
+node for the stacks of its ranks (`DumpStacks`: SIGUSR2 to the container, whose launcher runs
+py-spy on each rank and uploads the dumps beside the job's outputs) and records when
+(`hang_dump_asked_at`); a tick `HANG_DUMP_WAIT` later terminates the gang, dumped or not. The
+record says whether this hang's dump was asked for (asked after its silence began), so a tick run
+twice asks once, and a gang that hangs again after it recovered is dumped again.
 """
 
 from __future__ import annotations
@@ -29,8 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from gpujobs.domain.effects import Decision, DumpStacks, Outcome, Terminate, ignore
 from gpujobs.domain.job import Attempt, Job
 from gpujobs.domain.states import JobState, Reason
+
+HANG_DUMP_WAIT = timedelta(minutes=2)
+"""How long a hung gang is given for its dump (py-spy on each rank, then the upload) before it is
+terminated: the reconciler runs once a minute, so the kill comes on the second or third tick."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,8 @@ class Hang:
 
     instance_ids: tuple[str, ...]
     why: str
+    since: datetime
+    """When the silence that makes it hung began: a dump asked for before it was for another hang."""
 
 
 def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = None) -> Hang | None:
@@ -66,7 +80,25 @@ def hang_of(job: Job, *, now: datetime, reports_throttled_at: datetime | None = 
     if now - since < limit:
         return None
     live = tuple(i for i in attempt.instance_ids if i not in attempt.gone)
-    return Hang(live, f"{what} for over {_minutes(limit)} (since {since:%Y-%m-%d %H:%M} UTC)") if live else None
+    why = f"{what} for over {_minutes(limit)} (since {since:%Y-%m-%d %H:%M} UTC)"
+    return Hang(live, why, since) if live else None
+
+
+def on_hang(job: Job, *, now: datetime, reports_throttled_at: datetime | None = None) -> Decision:
+    """Dump first, kill after (see the module): ask the hung gang for its stacks and note when, or,
+    `HANG_DUMP_WAIT` after this hang's dump was asked for, terminate it. Not hung: nothing."""
+    hang = hang_of(job, now=now, reports_throttled_at=reports_throttled_at)
+    attempt = job.current_attempt
+    if hang is None or attempt is None:
+        return ignore(Outcome.NOT_HUNG)
+    asked = attempt.hang_dump_asked_at
+    if asked is None or asked < hang.since:
+        noted = job.with_attempt(attempt.model_copy(update={"hang_dump_asked_at": now}), now=now)
+        dump = DumpStacks(hang.instance_ids, attempt.container_name(job.job_id))
+        return Decision(Outcome.HANG_DUMP_ASKED, noted, (dump,), f"{hang.why}; stacks asked for first")
+    if now - asked < HANG_DUMP_WAIT:
+        return ignore(Outcome.HANG_DUMP_AWAITED, f"{hang.why}; its dump was asked for at {asked:%H:%M:%S} UTC")
+    return Decision(Outcome.HUNG_GANG_TERMINATED, effects=(Terminate(hang.instance_ids),), detail=hang.why)
 
 
 def launched_at(job: Job, attempt: Attempt) -> datetime:

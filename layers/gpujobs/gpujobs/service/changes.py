@@ -23,6 +23,7 @@ from gpujobs.domain.effects import (
     CreateAlarms,
     Decision,
     DeleteAlarms,
+    DumpStacks,
     Effect,
     Launch,
     SignalCheckpoint,
@@ -144,6 +145,8 @@ class Actuator:
                 alarms.delete(instance_ids=instance_ids)
             case SignalCheckpoint(instance_ids, container) if instance_ids:
                 self.ports.signaller.checkpoint_now(instance_ids=instance_ids, container=container)
+            case DumpStacks(instance_ids, container) if instance_ids:
+                self.ports.signaller.dump_stacks(instance_ids=instance_ids, container=container)
             case TagGeneration(instance_ids, generation) if instance_ids:
                 compute.tag_generation(instance_ids, generation)
             case _:  # nothing to do, or Launch: the launcher carries that out after every other effect

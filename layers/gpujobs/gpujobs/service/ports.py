@@ -1,9 +1,8 @@
 """The ports the services depend on. Adapters implement them with boto3; fakes in memory.
 
-The job store's typed errors live in `store_errors` and are imported from here like the others.
-
-Each port raises the typed errors below, so a service can handle a lost race or a capacity
-shortage on purpose without knowing which implementation it talks to. `Ports` holds one of each:
+Each port raises the typed errors below (the job store's live in `store_errors`, imported from here
+like the others), so a service can handle a lost race or a capacity shortage on purpose without
+knowing which implementation it talks to. `Ports` holds one of each:
 `runtime.bootstrap` builds the real set once per Lambda container, `gpujobs_fakes.fake_ports()` the
 in-memory set for tests, benches and simulations, and every service takes it whole.
 """
@@ -252,6 +251,9 @@ def _no_deadline() -> timedelta | None:
 class Signaller(Protocol):
     def checkpoint_now(self, *, instance_ids: Sequence[str], container: str) -> None:
         """Ask the training container to save a checkpoint now and keep training (SIGUSR1)."""
+
+    def dump_stacks(self, *, instance_ids: Sequence[str], container: str) -> None:
+        """Ask a hung training container for every rank's stacks, uploaded beside its outputs (SIGUSR2)."""
 
 
 @dataclass(frozen=True)

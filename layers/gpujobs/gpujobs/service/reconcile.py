@@ -59,7 +59,7 @@ from gpujobs.domain.budget import BudgetMode, BudgetPolicy, hold_over, lifts_ear
 from gpujobs.domain.cost import BilledPool, billed_pools, cost_of, price_erring_high, runtime_of
 from gpujobs.domain.effects import CreateAlarms, DeleteAlarms, Outcome, Terminate, live_instances
 from gpujobs.domain.gangs import overdue_survivors
-from gpujobs.domain.hangs import hang_of
+from gpujobs.domain.hangs import on_hang
 from gpujobs.domain.idle_detection import note_idle_detection_off
 from gpujobs.domain.job import Job
 from gpujobs.domain.launching import wants_idle_alarms
@@ -234,7 +234,7 @@ class Reconciler:
             current = regrouped.job or current
             if regrouped.outcome is Outcome.INTERRUPTED:
                 report.count(Repair.REGROUPS_GIVEN_UP)
-        self._check_heartbeat(current, now, report, reports_throttled_at)
+        current = self._check_heartbeat(current, now, report, reports_throttled_at)
         settled = reactions.settle(job.job_id, current=current)
         if settled.outcome is Outcome.CHECKPOINT_RESENT:
             report.count(Repair.STOP_CHECKPOINTS_RESENT)
@@ -359,14 +359,21 @@ class Reconciler:
 
     def _check_heartbeat(
         self, job: Job, now: datetime, report: ReconcileReport, reports_throttled_at: datetime | None = None
-    ) -> None:
+    ) -> Job:
         """A trainer whose heartbeats stopped, or never started, for longer than its job allows is
-        hung (`domain.hangs`): replace its gang. Silence while reports were throttled does not count."""
-        hang = hang_of(job, now=now, reports_throttled_at=reports_throttled_at)
-        if hang is not None:
-            log.warning("%s: %s; terminating %s", job.job_id, hang.why, hang.instance_ids)
-            self.jobs.carry_out([Terminate(hang.instance_ids)])
+        hung (`domain.hangs`): its ranks' stacks are asked for, then its gang is replaced. Silence
+        while reports were throttled does not count."""
+        applied = self.jobs.change(
+            job.job_id, lambda fresh: on_hang(fresh, now=now, reports_throttled_at=reports_throttled_at), first=job
+        )
+        outcome = applied.decision.outcome
+        if outcome is Outcome.HANG_DUMP_ASKED:
+            log.warning("%s: %s", job.job_id, applied.decision.detail)
+            report.count(Repair.HUNG_ATTEMPTS_DUMPED)
+        elif outcome is Outcome.HUNG_GANG_TERMINATED:
+            log.warning("%s: %s; terminating the gang", job.job_id, applied.decision.detail)
             report.count(Repair.HUNG_ATTEMPTS_TERMINATED)
+        return self.jobs.act(applied)
 
     def _enforce_caps(self, job: Job, now: datetime, holds: list[BudgetPolicy], report: ReconcileReport) -> Job:
         """Ask a job past a budget hold, its runtime cap or its cost cap to stop; the job as it is now."""

@@ -29,6 +29,7 @@ class Repair(StrEnum):
     IDLE_ALARMS_DELETED = "idle alarms deleted"
     IDLE_DETECTION_OFF_NOTED = "idle detection off noted"
     RECLAIMED_SURVIVORS_TERMINATED = "reclaimed survivors terminated"
+    HUNG_ATTEMPTS_DUMPED = "hung attempts asked for their stacks"
     HUNG_ATTEMPTS_TERMINATED = "hung attempts terminated"
     BUDGET_HOLDS_ENFORCED = "budget holds enforced"
     RUNTIME_CAPS = "runtime caps"
