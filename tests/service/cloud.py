@@ -23,7 +23,7 @@ from typing import Any
 from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
-from gpujobs.domain import retention
+from gpujobs.domain import keep, retention
 from gpujobs.domain.admission import plan
 from gpujobs.domain.budget import BudgetMode, launch_hold
 from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
@@ -172,6 +172,8 @@ class SimulatedCloud:
     admissions: dict[str, Admission | None] = field(default_factory=dict)
     """Per job, its admission as the last step left it: a preemption takes only borrowed GPUs."""
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
+    kept_up: set[str] = field(default_factory=set)
+    """Instances whose workload crashed under `keep_on_failure`: their bootstrap kept them up (`domain.keep`)."""
 
     """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
 
@@ -401,6 +403,8 @@ class SimulatedCloud:
         """Instances that may run a trainer, by (job, attempt) as tagged at launch."""
         gangs: dict[tuple[str, int], list[str]] = defaultdict(list)
         for iid in self.up_instances():
+            if iid in self.kept_up:  # its workload has crashed: no trainer runs there any more
+                continue
             request = self.world.compute.instances[iid].request
             gangs[(request.job_id, request.attempt)].append(iid)
         return dict(sorted(gangs.items()))
@@ -448,10 +452,22 @@ class SimulatedCloud:
         self.pending.append(Delivery("checkpoint", (*gang, self.progress(gang, 1))))
 
     def exit(self, gang: tuple[str, int], code: int, *, nodes: list[str]) -> None:
-        """These nodes' containers exit with `code`; each reports it, then powers off."""
+        """These nodes' containers exit with `code`; each reports it, then powers off, unless it
+        crashed and its run document says keep_on_failure: then it stays up (`domain.keep`)."""
+        kept = code not in (0, ExitCode.PREEMPTED) and self._keeps_on_failure(gang[0])
         for iid in nodes:
             self.pending.append(Delivery("exit", (*gang, iid, code)))
-            self.shut_down(iid)
+            if kept:
+                self.kept_up.add(iid)
+            else:
+                self.shut_down(iid)
+
+    def _keeps_on_failure(self, job_id: str) -> bool:
+        try:
+            spec = self.world.store.get(job_id).spec
+        except JobNotFoundError:
+            return False
+        return spec is not None and spec.keep_on_failure is not None
 
     def idle_alarm(self, instance_id: str) -> None:
         self.pending.append(Delivery("idle", (instance_id,)))
@@ -545,6 +561,7 @@ class SimulatedCloud:
         problems += self._regroups_in_place(jobs)
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
+        problems += self._kept_gangs(jobs)
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
         problems += self.moves_broken_early
@@ -849,7 +866,37 @@ class SimulatedCloud:
             if job is None or not recorded:
                 problems.append(f"{iid} has run unrecorded since {fake.launched_at}")
             elif job.state.is_terminal and self.now - job.updated_at > UNRECORDED_LIMIT:
-                problems.append(f"{iid} still runs {self.now - job.updated_at} after {job.job_id} ended {job.state}")
+                if keep.spares(job, fake.request.attempt, now=self.now):
+                    continue  # kept for inspection: `_kept_gangs`
+                ended = max(job.updated_at, job.kept.ends_at) if job.kept is not None else job.updated_at
+                if self.now - ended > UNRECORDED_LIMIT:
+                    problems.append(f"{iid} still runs {self.now - ended} after {job.job_id} ended {job.state}")
+        return problems
+
+    def _kept_gangs(self, jobs: dict[str, Job]) -> list[str]:
+        """A gang is kept for inspection only by a FAILED job whose spec asks for it, for at most its
+        `keep_on_failure` (never for a cancelled or succeeded job); a crashed node whose attempt is
+        retried, or whose job ended otherwise, is terminated (within the bound every instance has)."""
+        problems = []
+        for job in jobs.values():
+            if job.kept is None:
+                continue
+            if job.state is not JobState.FAILED:
+                problems.append(f"{job.job_id} keeps a gang while {job.state}")
+            keep_for = job.require_spec().keeps_on_failure
+            if keep_for is None or job.kept.until - job.kept.since != keep_for:
+                problems.append(
+                    f"{job.job_id} keeps a gang {job.kept.until - job.kept.since}, its spec says {keep_for}"
+                )
+        for iid in sorted(self.kept_up & set(self.up_instances())):
+            request = self.world.compute.instances[iid].request
+            job = jobs.get(request.job_id)
+            attempt = job.attempt(request.attempt) if job is not None else None
+            if job is None or attempt is None or not attempt.is_over or job.state.is_terminal:
+                continue  # a crash not yet judged, or an ended job's (`_unaccounted_instances`)
+            assert attempt.ended_at is not None
+            if self.now - attempt.ended_at > UNRECORDED_LIMIT:
+                problems.append(f"{iid}, kept up by its crash, still runs though {job.job_id} retried it")
         return problems
 
     def unhealthy(self) -> list[str]:
@@ -864,6 +911,8 @@ class SimulatedCloud:
         self.admissible = {job_id for job_id, _ in plan(queued, holding, truth(jobs), directory, self.now).admit}
         problems += [problem for job in jobs if (problem := self._stopped_with_an_old_checkpoint(job))]
         for job in jobs:
+            if job.kept is not None and job.kept.lasts(self.now):  # a failed gang kept for inspection
+                wanted.update(i for a in job.attempts if a.number == job.kept.attempt for i in a.instance_ids)
             if job.state.is_terminal:
                 continue
             problem = self._unhealthy(job)
