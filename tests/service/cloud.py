@@ -311,7 +311,11 @@ class SimulatedCloud:
     def reconcile(self) -> bool:
         self.last_reconcile = self.now
         up = set(self.up_instances())
-        hung = sum(1 for gang, nodes in self.gangs().items() if gang in self.hung and up.intersection(nodes))
+        gangs = self.gangs()
+        hung = sum(1 for gang, nodes in gangs.items() if gang in self.hung and up.intersection(nodes))
+        # a gang whose every live node crashed and was kept up (`keep_on_failure`) heartbeats no more
+        # either: until its exit reports arrive, it looks as hung as it is
+        hung += len({self._gang_of(iid) for iid in up & self.kept_up} - set(gangs))
 
         def run() -> None:
             judged = self.world.reconciler.run().repairs[Repair.HUNG_ATTEMPTS_TERMINATED]
@@ -461,6 +465,10 @@ class SimulatedCloud:
                 self.kept_up.add(iid)
             else:
                 self.shut_down(iid)
+
+    def _gang_of(self, instance_id: str) -> tuple[str, int]:
+        request = self.world.compute.instances[instance_id].request
+        return (request.job_id, request.attempt)
 
     def _keeps_on_failure(self, job_id: str) -> bool:
         try:
