@@ -343,7 +343,8 @@ def parse_states(requested: Sequence[str] | None) -> list[JobState]:
 def cmd_cancel(args: argparse.Namespace) -> int:
     resources = _discover(args, needs=(TABLE, QUEUE))
     job = _get(_store(resources), args.job_id)
-    if job.state.is_terminal:
+    kept = job.kept is not None and job.kept.lasts(utc_now())  # its gang kept for inspection goes
+    if job.state.is_terminal and not kept:
         if args.json:
             print(json.dumps({"job_id": job.job_id, "state": job.state.value, "cancel_requested": False}))
         else:
@@ -354,7 +355,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"job_id": job.job_id, "state": job.state.value, "cancel_requested": True}))
     else:
-        print(f"cancellation requested for {job.job_id} (was {job.state.value})")
+        print(
+            f"release of {job.job_id}'s gang kept for inspection requested (stays {job.state.value})"
+            if kept
+            else f"cancellation requested for {job.job_id} (was {job.state.value})"
+        )
         print(f"follow it with: gpujobs status {job.job_id} --watch", file=sys.stderr)
     return EXIT_OK
 

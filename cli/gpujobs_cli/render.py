@@ -114,6 +114,9 @@ def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = N
         lines.append(f"next try  {when(job.next_try_at)}")
     if job.hold_reason:
         lines.append(f"held      {printable(job.hold_reason)}")
+    kept = kept_line(job, now or datetime.now(UTC))
+    if kept is not None:
+        lines.append(kept)
     if job.stop_request is not None:
         stop = job.stop_request
         progress = (
@@ -176,6 +179,17 @@ def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = N
         headers = ["AT", "FROM", "TO", "REASON", "ATTEMPT", "DETAIL"]
         lines += ["", "history:", _indent(table(headers, rows))]
     return "\n".join(lines)
+
+
+def kept_line(job: Job, now: datetime) -> str | None:
+    """A FAILED job's gang kept up for inspection (`keep_on_failure`): until when, and that it is billed."""
+    kept = job.kept
+    if kept is None:
+        return None
+    if kept.lasts(now):
+        return f"kept      for inspection until {kept.until:%H:%M} UTC, billed (gpujobs shell/exec; cancel releases it)"
+    how = "released by a cancel" if kept.released_at is not None and kept.released_at < kept.until else "over"
+    return f"kept      for inspection until {when(kept.ends_at)}: {how}"
 
 
 def error_lines(job: Job) -> list[str]:

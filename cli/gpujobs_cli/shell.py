@@ -17,6 +17,10 @@ so that no other session document, the agent's default root shell on the host in
   It prints the command's output (as Run Command keeps it: up to 24,000 characters of each stream)
   and exits with the command's exit code.
 
+Both reach the job's current attempt while it runs, and a FAILED job's gang kept for inspection
+(`keep_on_failure`, `domain.keep`) until its keep is over: there the container is the crashed one's
+filesystem, running idle under the same name.
+
 The container name in both documents is checked by the same allowedPattern as the checkpoint
 document's (`gpujobs-j-<16 hex>-a<attempt>`), so SSM refuses any other value before anything runs.
 Either way the process runs as the workload's user, inside the container's confinement
@@ -36,9 +40,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gpujobs.contract import container_name
+from gpujobs.domain import keep
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
 from gpujobs_cli.commands import EXIT_NOT_FOUND, CommandError, _get, _store
@@ -79,14 +85,18 @@ class ExecResult:
     status: str
 
 
-def find_target(job: Job, *, node: int) -> Target:
-    """Node `node` of the job's attempt that runs now; CommandError (naming why) when none does."""
+def find_target(job: Job, *, node: int, now: datetime) -> Target:
+    """Node `node` of the job's attempt that runs now, or of a FAILED job's gang kept for inspection
+    (`keep_on_failure`) until its keep is over; CommandError (naming why) when none is there."""
     nodes = job.spec.nodes if job.spec is not None else 1
     if not 0 <= node < nodes:
         raise CommandError(f"{job.job_id} runs on {nodes} node(s): --node takes 0 to {nodes - 1}, not {node}")
     attempt = job.current_attempt
-    if job.state not in (JobState.RUNNING, JobState.INTERRUPTED) or attempt is None or attempt.is_over:
-        raise CommandError(f"{job.job_id} is {job.state.value}: no container of it runs now", EXIT_NOT_FOUND)
+    kept = attempt is not None and keep.spares(job, attempt.number, now=now)
+    runs = job.state in (JobState.RUNNING, JobState.INTERRUPTED) and attempt is not None and not attempt.is_over
+    if attempt is None or not (runs or kept):
+        over = " (its keep for inspection is over)" if job.kept is not None else ""
+        raise CommandError(f"{job.job_id} is {job.state.value}{over}: no container of it runs now", EXIT_NOT_FOUND)
     if node >= len(attempt.instance_ids):
         raise CommandError(
             f"node {node} of {job.job_id} has no instance now (attempt {attempt.number})", EXIT_NOT_FOUND
@@ -167,10 +177,14 @@ def run_command(ssm: Any, target: Target, *, document: str, argv: Sequence[str])
     )
 
 
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
 def cmd_shell(args: argparse.Namespace) -> int:
     plugin = find_plugin()  # before any AWS call: no session is left behind without it
     resources = discover(stack=args.stack, region=args.region, needs=(TABLE, SHELL_DOCUMENT))
-    target = find_target(_get(_store(resources), args.job_id), node=args.node)
+    target = find_target(_get(_store(resources), args.job_id), node=args.node, now=_now())
     print(f"shell in {target.container} on {target.instance_id} (node {target.node})", file=sys.stderr)
     profile = os.environ.get("AWS_PROFILE", "")
     ssm = resources.client("ssm")
@@ -182,7 +196,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     argv_parameter(argv)  # a usage error before any AWS call
     resources = discover(stack=args.stack, region=args.region, needs=(TABLE, EXEC_DOCUMENT))
-    target = find_target(_get(_store(resources), args.job_id), node=args.node)
+    target = find_target(_get(_store(resources), args.job_id), node=args.node, now=_now())
     result = run_command(resources.client("ssm"), target, document=resources.values[EXEC_DOCUMENT], argv=argv)
     if args.json:
         print(json.dumps({"instance_id": target.instance_id, "node": target.node, **result.__dict__}))

@@ -19,7 +19,7 @@ import pytest
 from moto import mock_aws
 
 from gpujobs.adapters.dynamodb import DynamoJobStore
-from gpujobs.domain.job import Job
+from gpujobs.domain.job import Job, Kept
 from gpujobs.domain.job_ids import job_id_for
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState, Reason
@@ -254,6 +254,26 @@ def test_cancel_of_an_ended_job_sends_nothing(env_stack: Stack, capsys: pytest.C
         "state": "CANCELLED",
         "cancel_requested": False,
     }
+    assert env_stack.messages() == []
+
+
+def test_cancel_of_a_failed_job_whose_gang_is_kept_asks_to_release_it_until_the_keep_is_over(
+    env_stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = env_stack.add_job("j-0000000000000006")
+    kept = Kept(attempt=1, since=NOW, until=NOW + timedelta(minutes=30))
+    env_stack.store.save(job.model_copy(update={"state": JobState.FAILED, "kept": kept}))
+
+    monkeypatch.setattr(commands, "utc_now", lambda: NOW + timedelta(minutes=10))
+    assert main(["cancel", job.job_id]) == 0
+    assert (
+        "release of j-0000000000000006's gang kept for inspection requested (stays FAILED)" in capsys.readouterr().out
+    )
+    assert env_stack.messages() == [{"cancel_job_id": job.job_id}]
+
+    monkeypatch.setattr(commands, "utc_now", lambda: NOW + timedelta(minutes=30))
+    assert main(["cancel", job.job_id]) == 0
+    assert "is already FAILED; nothing to cancel" in capsys.readouterr().out
     assert env_stack.messages() == []
 
 

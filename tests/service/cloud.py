@@ -23,7 +23,7 @@ from typing import Any
 from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
-from gpujobs.domain import retention
+from gpujobs.domain import keep, retention
 from gpujobs.domain.admission import plan
 from gpujobs.domain.budget import BudgetMode, launch_hold
 from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
@@ -176,6 +176,8 @@ class SimulatedCloud:
     admissions: dict[str, Admission | None] = field(default_factory=dict)
     """Per job, its admission as the last step left it: a preemption takes only borrowed GPUs."""
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
+    kept_up: set[str] = field(default_factory=set)
+    """Instances whose workload crashed under `keep_on_failure`: their bootstrap kept them up (`domain.keep`)."""
 
     """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
 
@@ -313,8 +315,13 @@ class SimulatedCloud:
     def reconcile(self) -> bool:
         self.last_reconcile = self.now
         up = set(self.up_instances())
-        hung = sum(1 for gang, nodes in self.gangs().items() if gang in self.hung and up.intersection(nodes))
-        dumped_long_enough = self._hung_gangs_dumped_before(self.now - HANG_DUMP_WAIT, up)
+        gangs = self.gangs()
+        hung = sum(1 for gang, nodes in gangs.items() if gang in self.hung and up.intersection(nodes))
+        # a gang whose every live node crashed and was kept up (`keep_on_failure`) heartbeats no more
+        # either: until its exit reports arrive, it looks as hung as it is (and is dumped before it is killed)
+        kept_silent = {self._gang_of(iid) for iid in up & self.kept_up} - set(gangs)
+        hung += len(kept_silent)
+        dumped_long_enough = self._hung_gangs_dumped_before(self.now - HANG_DUMP_WAIT, up, silent=kept_silent)
 
         def run() -> None:
             repairs = self.world.reconciler.run().repairs
@@ -332,13 +339,13 @@ class SimulatedCloud:
 
         return self.attempt(run)
 
-    def _hung_gangs_dumped_before(self, when: datetime, up: set[str]) -> int:
-        """Hung gangs, still up, whose record says their dump was asked for at or before `when`."""
+    def _hung_gangs_dumped_before(self, when: datetime, up: set[str], *, silent: set[tuple[str, int]]) -> int:
+        """Hung (or `silent`) gangs, still up, whose record says their dump was asked for at or before `when`."""
         return sum(
             1
             for job in self.jobs()
             if (attempt := job.current_attempt) is not None
-            and (job.job_id, attempt.number) in self.hung
+            and ((job.job_id, attempt.number) in self.hung or (job.job_id, attempt.number) in silent)
             and attempt.hang_dump_asked_at is not None
             and attempt.hang_dump_asked_at <= when
             and up.intersection(attempt.instance_ids)
@@ -426,6 +433,8 @@ class SimulatedCloud:
         """Instances that may run a trainer, by (job, attempt) as tagged at launch."""
         gangs: dict[tuple[str, int], list[str]] = defaultdict(list)
         for iid in self.up_instances():
+            if iid in self.kept_up:  # its workload has crashed: no trainer runs there any more
+                continue
             request = self.world.compute.instances[iid].request
             gangs[(request.job_id, request.attempt)].append(iid)
         return dict(sorted(gangs.items()))
@@ -477,10 +486,26 @@ class SimulatedCloud:
         self.pending.append(Delivery("checkpoint", (*gang, self.progress(gang, 1))))
 
     def exit(self, gang: tuple[str, int], code: int, *, nodes: list[str]) -> None:
-        """These nodes' containers exit with `code`; each reports it, then powers off."""
+        """These nodes' containers exit with `code`; each reports it, then powers off, unless it
+        crashed and its run document says keep_on_failure: then it stays up (`domain.keep`)."""
+        kept = code not in (0, ExitCode.PREEMPTED) and self._keeps_on_failure(gang[0])
         for iid in nodes:
             self.pending.append(Delivery("exit", (*gang, iid, code)))
-            self.shut_down(iid)
+            if kept:
+                self.kept_up.add(iid)
+            else:
+                self.shut_down(iid)
+
+    def _gang_of(self, instance_id: str) -> tuple[str, int]:
+        request = self.world.compute.instances[instance_id].request
+        return (request.job_id, request.attempt)
+
+    def _keeps_on_failure(self, job_id: str) -> bool:
+        try:
+            spec = self.world.store.get(job_id).spec
+        except JobNotFoundError:
+            return False
+        return spec is not None and spec.keep_on_failure is not None
 
     def idle_alarm(self, instance_id: str) -> None:
         self.pending.append(Delivery("idle", (instance_id,)))
@@ -575,6 +600,7 @@ class SimulatedCloud:
         problems += self._overlapping_gangs(jobs)
         problems += self._unaccounted_instances(jobs)
         problems += self._replaced_but_running(jobs)
+        problems += self._kept_gangs(jobs)
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
         problems += self.moves_broken_early
@@ -899,7 +925,37 @@ class SimulatedCloud:
             if job is None or not recorded:
                 problems.append(f"{iid} has run unrecorded since {fake.launched_at}")
             elif job.state.is_terminal and self.now - job.updated_at > UNRECORDED_LIMIT:
-                problems.append(f"{iid} still runs {self.now - job.updated_at} after {job.job_id} ended {job.state}")
+                if keep.spares(job, fake.request.attempt, now=self.now):
+                    continue  # kept for inspection: `_kept_gangs`
+                ended = max(job.updated_at, job.kept.ends_at) if job.kept is not None else job.updated_at
+                if self.now - ended > UNRECORDED_LIMIT:
+                    problems.append(f"{iid} still runs {self.now - ended} after {job.job_id} ended {job.state}")
+        return problems
+
+    def _kept_gangs(self, jobs: dict[str, Job]) -> list[str]:
+        """A gang is kept for inspection only by a FAILED job whose spec asks for it, for at most its
+        `keep_on_failure` (never for a cancelled or succeeded job); a crashed node whose attempt is
+        retried, or whose job ended otherwise, is terminated (within the bound every instance has)."""
+        problems = []
+        for job in jobs.values():
+            if job.kept is None:
+                continue
+            if job.state is not JobState.FAILED:
+                problems.append(f"{job.job_id} keeps a gang while {job.state}")
+            keep_for = job.require_spec().keeps_on_failure
+            if keep_for is None or job.kept.until - job.kept.since != keep_for:
+                problems.append(
+                    f"{job.job_id} keeps a gang {job.kept.until - job.kept.since}, its spec says {keep_for}"
+                )
+        for iid in sorted(self.kept_up & set(self.up_instances())):
+            request = self.world.compute.instances[iid].request
+            job = jobs.get(request.job_id)
+            attempt = job.attempt(request.attempt) if job is not None else None
+            if job is None or attempt is None or not attempt.is_over or job.state.is_terminal:
+                continue  # a crash not yet judged, or an ended job's (`_unaccounted_instances`)
+            assert attempt.ended_at is not None
+            if self.now - attempt.ended_at > UNRECORDED_LIMIT:
+                problems.append(f"{iid}, kept up by its crash, still runs though {job.job_id} retried it")
         return problems
 
     def unhealthy(self) -> list[str]:
@@ -914,6 +970,8 @@ class SimulatedCloud:
         self.admissible = {job_id for job_id, _ in plan(queued, holding, truth(jobs), directory, self.now).admit}
         problems += [problem for job in jobs if (problem := self._stopped_with_an_old_checkpoint(job))]
         for job in jobs:
+            if job.kept is not None and job.kept.lasts(self.now):  # a failed gang kept for inspection
+                wanted.update(i for a in job.attempts if a.number == job.kept.attempt for i in a.instance_ids)
             if job.state.is_terminal:
                 continue
             problem = self._unhealthy(job)

@@ -7,7 +7,8 @@ spot warnings and reclaims (a warning whose reclaim never comes among them; one 
 everywhere at once; a warning for one node of a gang replaces that node in place, or the whole gang
 when its pool has no room), EC2's spot placement scores changing, volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
-changes delivered late, twice or never, idle alarms, cancels, budget alerts, clock jumps, reconciler
+changes delivered late, twice or never, a failed gang kept up for inspection (`keep_on_failure`) until
+its keep is over or a cancel, idle alarms, cancels, budget alerts, clock jumps, reconciler
 runs, reads of the table's stream by the Publisher function (late, or failing), team quotas, fair
 share, borrowing and priorities with the fleet drained or a team paused at any point (admission and
 preemption), and a fault armed at any port call (before it or after it took effect). After every step the invariants of
@@ -52,6 +53,8 @@ SPECS: tuple[dict[str, Any], ...] = (
     spec(capacity="on-demand", gpus_per_node=0, instance_types=["c7i.large"], max_attempts=1),
     spec(client_token="nightly", team="ml", max_cost_usd=2.0, instance_types=["g6.xlarge", "g5.xlarge"]),
     spec(nodes=3, capacity="spot", team="ml", idle={"action": "ignore"}),
+    spec(keep_on_failure="30m", max_attempts=2, team="ml"),
+    spec(nodes=2, keep_on_failure="1h", max_attempts=1, capacity="on-demand"),
     {"name": "Not A Name", "image": "x", "command": []},
 )
 POOLS = tuple(

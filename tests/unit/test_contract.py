@@ -20,6 +20,7 @@ import pytest
 import gpujobs_trainer
 from gpujobs import contract
 from gpujobs.domain.spec import TEAM_PATTERN
+from gpujobs.domain.spec_parts import MAX_KEEP_ON_FAILURE
 from gpujobs.domain.trainer_settings import LogLevel, TrainerSettings
 from gpujobs.instance import contract as instance_contract
 from gpujobs.instance import rundoc as instance_rundoc
@@ -312,3 +313,7 @@ def test_the_search_finds_a_planted_copy_and_leaves_prose_alone() -> None:
         "planted.py:2: 'gpujobs:job-id' is contract.JOB_TAG",
         "planted.py:3: instance states ['stopped', 'terminated']: use the contract's",
     ]
+
+
+def test_the_bootstrap_accepts_exactly_the_keeps_a_spec_may_ask_for() -> None:
+    assert MAX_KEEP_ON_FAILURE.total_seconds() == instance_rundoc.MAX_KEEP_SECONDS

@@ -4,6 +4,7 @@ user writes in a command or env value reaches the container byte for byte."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -185,3 +186,34 @@ def test_an_env_value_with_a_line_break_is_refused_naming_the_variable() -> None
         validate_spec({**json.loads(FULL_JSON), "env": {"LR": "0.1", "PROMPT": "first\nsecond"}})
 
     assert raised.value.problems == ["env: 'PROMPT': a value may not hold a line break"]
+
+
+@pytest.mark.parametrize(("written", "minutes"), [("30m", 30), ("2h", 120), ("1h30m", 90), ("24h", 1440), ("1m", 1)])
+def test_keep_on_failure_is_a_duration_in_hours_and_minutes(written: str, minutes: int) -> None:
+    spec = load_spec(MINIMAL_YAML + f"keep_on_failure: {written}\n")
+
+    assert spec.keeps_on_failure == timedelta(minutes=minutes)
+
+
+def test_without_keep_on_failure_nothing_is_kept() -> None:
+    assert load_spec(MINIMAL_YAML).keeps_on_failure is None
+
+
+@pytest.mark.parametrize(
+    ("written", "says"),
+    [
+        ("25h", "not between 1m and 24h"),
+        ("0m", "not between 1m and 24h"),
+        ("30", "not a duration such as 30m, 2h or 1h30m"),
+        ("30 minutes", "not a duration such as 30m, 2h or 1h30m"),
+        ('""', "not a duration such as 30m, 2h or 1h30m"),
+        ("1800", "(give the unit)"),
+    ],
+)
+def test_a_keep_on_failure_that_is_no_bounded_duration_is_refused_naming_the_field(written: str, says: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        load_spec(MINIMAL_YAML + f"keep_on_failure: {written}\n")
+
+    [problem] = refused.value.problems
+    assert problem.startswith("keep_on_failure")
+    assert says in problem

@@ -184,6 +184,26 @@ class Attempt(Frozen):
         return f"{job_id}-a{self.number}-{pool}"
 
 
+class Kept(Frozen):
+    """A failed job's last gang kept up for inspection (the spec's `keep_on_failure`, `domain.keep`):
+    its instances stay up, billed, until `until` or a cancel (`released_at`); the orphan sweep spares
+    them until then and terminates them after."""
+
+    attempt: int
+    since: datetime
+    """When the job failed (the attempt's end): the keep is billed from here."""
+    until: datetime
+    released_at: datetime | None = None
+    """When a cancel released the gang before `until`."""
+
+    @property
+    def ends_at(self) -> datetime:
+        return min(self.until, self.released_at) if self.released_at is not None else self.until
+
+    def lasts(self, now: datetime) -> bool:
+        return now < self.ends_at
+
+
 class PoolUsage(Frozen):
     """Instance-seconds a job's retired attempts spent in one pool."""
 

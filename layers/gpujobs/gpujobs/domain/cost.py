@@ -38,7 +38,7 @@ def runtime_of(job: Job, now: datetime) -> timedelta:
     total = job.retired.runtime
     for attempt in job.attempts:
         if attempt.instance_ids:
-            total += (attempt.ended_at or now) - attempt.started_at
+            total += job.held_until(attempt, now) - attempt.started_at
     return total
 
 
@@ -65,7 +65,7 @@ def cost_of(job: Job, now: datetime, hourly_usd: Mapping[BilledPool, float | Non
         pool = _pool_of(attempt)
         if pool is None:
             continue
-        hours = ((attempt.ended_at or now) - attempt.started_at).total_seconds() / 3600
+        hours = (job.held_until(attempt, now) - attempt.started_at).total_seconds() / 3600
         total += hours * len(attempt.instance_ids) * (hourly_usd.get(pool) or 0.0)
     return total
 
@@ -143,7 +143,7 @@ def gpu_hours_of(job: Job, now: datetime, gpus: Mapping[str, int], *, default_gp
     useful = sum(u.useful_instance_seconds * per_instance(u.instance_type) for u in job.retired.usage)
     for attempt in job.attempts:
         if attempt.instance_ids and attempt.instance_type is not None:
-            held = ((attempt.ended_at or now) - attempt.started_at).total_seconds() * len(attempt.instance_ids)
+            held = (job.held_until(attempt, now) - attempt.started_at).total_seconds() * len(attempt.instance_ids)
             paid += held * per_instance(attempt.instance_type)
             useful += attempt.useful_instance_seconds * per_instance(attempt.instance_type)
     return GpuHours(paid=paid / 3600, useful=useful / 3600)

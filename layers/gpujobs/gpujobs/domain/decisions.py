@@ -43,6 +43,7 @@ from gpujobs.domain.fate import (
     stop_is_due,
 )
 from gpujobs.domain.job import Attempt, Job, Market, StopRequest, cap_detail
+from gpujobs.domain.keep import keep_or_terminate
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, Report
 from gpujobs.domain.spec import IdleAction
 from gpujobs.domain.states import JobState, Reason
@@ -276,11 +277,14 @@ def settle(job: Job, *, now: datetime) -> Decision:
             update["interrupted_at"] = now  # reclaimed without a warning: the replacement avoids its pool
         if attempt.waits_for_replacement and attempt.regroup and attempt.interrupted_at is None:
             update["interrupted_at"] = attempt.regroup.at  # it ends while being reclaimed: as of the warning
-        changed = changed.with_attempt(attempt.whole_again().model_copy(update=update), now=now)
+        ended = attempt.whole_again().model_copy(update=update)
+        changed = changed.with_attempt(ended, now=now)
         effects.append(DeleteAlarms(attempt.instance_ids))
         notes.append(f"attempt {attempt.number} {judgement.verdict.value}")
         move = moves_for(changed, judgement) if job.is_current(attempt) else None
         if move is None:
+            changed, kept_effects = keep_or_terminate(changed, ended, judgement.verdict, now=now)
+            effects += kept_effects
             continue
         counters = {
             "interruptions": changed.interruptions + (1 if move.counts_interruption else 0),
@@ -290,6 +294,8 @@ def settle(job: Job, *, now: datetime) -> Decision:
             released = {"admission": None, "stop_request": None} if reason is Reason.PREEMPTED else {}
             changed = changed.transition(target, reason, now=now, detail=judgement.detail, **counters, **released)
         relaunch = relaunch or move.relaunch
+        changed, kept_effects = keep_or_terminate(changed, ended, judgement.verdict, now=now)
+        effects += kept_effects
     changed, stop_effects, stop_note = _carry_out_stop(changed, now)
     effects += stop_effects
     notes += [stop_note] if stop_note else []

@@ -144,6 +144,7 @@ class Outcome(StrEnum):
     LAUNCH_PAUSED = "launch paused at the invocation's deadline"
     LAUNCH_ABANDONED = "launch abandoned: the job moved on"
     CANCELLED = "cancelled"
+    KEEP_RELEASED = "the failed gang kept for inspection released"
     BUDGET_APPLIED = "budget policy applied"
     MARKET_CHANGED = "moved to the market the deadline needs"
     OBJECTS_DELETED = "the ended job's objects deleted"

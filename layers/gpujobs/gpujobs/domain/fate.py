@@ -82,14 +82,23 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
     crashed = {i: c for i, c in codes.items() if c not in (0, PREEMPTED_EXIT_CODE)}
     preempted = [i for i, c in codes.items() if c == PREEMPTED_EXIT_CODE]
     grace_over = attempt.gone_at is not None and now - attempt.gone_at >= REPORT_GRACE
-    # Instances that a policy stop took away need no grace: we know why they are gone.
-    settled = attempt.all_reported or (attempt.all_gone and (grace_over or job.stop_request is not None))
-    if crashed and not attempt.all_gone and not attempt.all_reported:
+    kept = bool(crashed) and fails_and_keeps(job, attempt, crashed)
+    # Instances that a policy stop took away need no grace: we know why they are gone. A crash that
+    # fails a job keeping its gang ends the attempt at once: the gang stays up as it is, hung ranks too.
+    settled = attempt.all_reported or kept or (attempt.all_gone and (grace_over or job.stop_request is not None))
+    if crashed and not settled and not attempt.all_gone:
         return Judgement(Verdict.TERMINATE_GANG, _codes(crashed))
     vanished = [i for i in attempt.gone if i not in codes]
     broken_for = now - attempt.first_gone_at if attempt.first_gone_at is not None else None
     unwarned = attempt.interrupted_at is None  # a reclaimed gang's survivors get the warning window (gangs.py)
-    if vanished and unwarned and not attempt.all_gone and broken_for is not None and broken_for >= REPORT_GRACE:
+    if (
+        vanished
+        and unwarned
+        and not kept
+        and not attempt.all_gone
+        and broken_for is not None
+        and broken_for >= REPORT_GRACE
+    ):
         # A node went without a word (no warning, no exit report): the rest of the gang cannot make
         # progress and may hang in a collective forever. One gang per attempt: end this one.
         return Judgement(Verdict.TERMINATE_GANG, f"node(s) gone without a report: {', '.join(vanished)}")
@@ -121,6 +130,20 @@ def misconfigured(job: Job, crashed: dict[str, int]) -> bool:
     same code is a crash, retried while attempts remain: the configuration once worked, so what
     failed (a store briefly unreachable, a file a replacement could not read) may pass."""
     return not made_progress(job) and any(code in MISCONFIGURED_EXIT_CODES for code in crashed.values())
+
+
+def fails_and_keeps(job: Job, attempt: Attempt, crashed: dict[str, int]) -> bool:
+    """A crash of the running job's current attempt that fails the job (a configuration error, or
+    its last attempt) where the spec keeps a failed gang up (`keep_on_failure`, `domain.keep`): the
+    gang is not terminated, whether or not every node has reported."""
+    spec = job.spec
+    if spec is None or spec.keep_on_failure is None or job.state is not JobState.RUNNING:
+        return False
+    if not job.is_current(attempt) or job.stop_request is not None or attempt.interrupted_at is not None:
+        return False
+    if attempt.waits_for_replacement:
+        return False
+    return misconfigured(job, crashed) or job.crashes + 1 >= spec.max_attempts
 
 
 def made_progress(job: Job) -> bool:

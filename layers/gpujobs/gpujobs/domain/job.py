@@ -24,6 +24,7 @@ from gpujobs.domain.attempts import (
     COMPLETED_END_REASON,
     RESTORE_ALLOWANCE,
     Attempt,
+    Kept,
     LaunchTry,
     PoolUsage,
     Regroup,
@@ -43,6 +44,7 @@ __all__ = [
     "Detail",
     "HistoryEntry",
     "Job",
+    "Kept",
     "LaunchTry",
     "Ledgered",
     "Market",
@@ -120,6 +122,8 @@ class Job(Frozen):
     """Its share of its team's GPU quota, from admission until it ends or is preempted."""
     ledgered: Ledgered = Field(default_factory=Ledgered)
     """What the GPU ledger counts for this record as last written (`domain.ledger.change_of`)."""
+    kept: Kept | None = None
+    """A FAILED job's last gang, kept up for inspection (`domain.keep`); None: nothing kept."""
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -155,6 +159,14 @@ class Job(Frozen):
 
     def attempt_of_instance(self, instance_id: str) -> Attempt | None:
         return next((a for a in reversed(self.attempts) if instance_id in a.instance_ids), None)
+
+    def held_until(self, attempt: Attempt, now: datetime) -> datetime:
+        """Until when the attempt's instances were (or are, as of `now`) held and billed: its end, or
+        for a gang kept for inspection, the end of the keep."""
+        end = attempt.ended_at or now
+        if self.kept is not None and self.kept.attempt == attempt.number:
+            end = max(end, min(now, self.kept.ends_at))
+        return end
 
     def is_current(self, attempt: Attempt) -> bool:
         current = self.current_attempt

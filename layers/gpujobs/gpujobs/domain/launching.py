@@ -24,6 +24,7 @@ from gpujobs.domain.effects import (
     ignore,
 )
 from gpujobs.domain.job import Admission, Attempt, Job, LaunchTry, Market, cap_detail
+from gpujobs.domain.keep import release
 from gpujobs.domain.ledger import holds, off_the_ledger, waits
 from gpujobs.domain.states import JobState, Reason
 
@@ -304,7 +305,8 @@ def cancel(job: Job, *, now: datetime) -> Decision:
     if job.all_instance_ids:
         effects += (DeleteAlarms(job.all_instance_ids),)
     if job.state.is_terminal:
-        return Decision(Outcome.ALREADY_HANDLED, effects=effects, detail=f"already {job.state.value}")
+        released = release(job, now=now)  # a FAILED job's gang kept for inspection goes now
+        return released or Decision(Outcome.ALREADY_HANDLED, effects=effects, detail=f"already {job.state.value}")
     cancelled = job
     attempt = job.current_attempt
     if attempt and not attempt.is_over:

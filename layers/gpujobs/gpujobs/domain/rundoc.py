@@ -94,6 +94,10 @@ class RunDocument(BaseModel):
     container gets the host's `/dev/infiniband/uverbs*` devices and an unlimited memlock."""
     instance_store_types: list[str] = Field(default_factory=list)
     """The spec's types with an NVMe instance store: there checkpoints stage on it (`gpujobs.instance.hardware.INSTANCE_STORE_MOUNT`)."""
+    keep_on_failure_seconds: int = 0
+    """The spec's `keep_on_failure`: after a failing exit (not 0, not 75) the bootstrap keeps the host up
+    and the crashed container's filesystem, idle under its name, for `gpujobs shell` (`domain.keep`),
+    powering off by itself this long (and a grace) later; 0: it powers off at once, as after any exit."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -183,5 +187,6 @@ def run_document(
         trainer_env=spec.trainer.environment(),
         efa_instance_types=efa_instance_types(hardware or {}, instance_types=spec.instance_types, nodes=spec.nodes),
         instance_store_types=instance_store_types(hardware or {}, instance_types=spec.instance_types),
+        keep_on_failure_seconds=int(keep.total_seconds()) if (keep := spec.keeps_on_failure) else 0,
         **access,
     )

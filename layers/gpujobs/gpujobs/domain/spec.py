@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
@@ -43,9 +44,11 @@ from gpujobs.domain.spec_parts import (
     Deadline,
     IdleAction,
     IdlePolicy,
+    KeepDuration,
     Priority,
     StrictInt,
     StrictNumber,
+    duration,
 )
 from gpujobs.domain.stored import is_stored_record
 from gpujobs.domain.trainer_settings import TrainerSettings
@@ -171,6 +174,10 @@ class JobSpec(BaseModel):
     )
     team: Team = "default"
     client_token: Annotated[str, AfterValidator(_printable)] | None = Field(default=None, min_length=1, max_length=64)
+    keep_on_failure: KeepDuration | None = Field(
+        default=None,
+        description="keep a failed gang up (billed) this long for `gpujobs shell`/`exec`: 30m, 2h or 1h30m, at most 24h",
+    )
     secrets: dict[str, Annotated[str, StringConstraints(max_length=2048)]] = Field(
         default_factory=dict,
         max_length=32,
@@ -179,6 +186,11 @@ class JobSpec(BaseModel):
             "prefix gpujobs/<team>/; resolved on the instance, never stored as a value"
         ),
     )
+
+    @property
+    def keeps_on_failure(self) -> timedelta | None:
+        """How long a gang whose crash fails the job stays up for inspection; None: not at all."""
+        return duration(self.keep_on_failure) if self.keep_on_failure else None
 
     @field_validator("env")
     @classmethod

@@ -1,12 +1,14 @@
 """The parts of a job spec that are values of their own: its markets, checkpoint modes, idle policy,
-deadline and priority classes (`domain.spec` holds the spec itself and re-exports these)."""
+deadline, priority classes and durations (`domain.spec` holds the spec itself and re-exports these)."""
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 
 StrictInt = Annotated[int, Strict()]
 StrictNumber = Annotated[float, Strict(), AllowInfNan(allow_inf_nan=False)]
@@ -90,3 +92,30 @@ class Priority(StrEnum):
 
 
 PRIORITY_RANKS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
+
+
+_DURATION = re.compile(r"^(?:(\d{1,3})h)?(?:(\d{1,4})m)?$")
+MAX_KEEP_ON_FAILURE = timedelta(hours=24)
+"""The longest a failed gang is kept up for inspection: it is billed all that time."""
+
+
+def duration(text: str) -> timedelta:
+    """`30m`, `2h` or `1h30m` as a timedelta; ValueError for anything else."""
+    match = _DURATION.match(text)
+    if not text or match is None:
+        raise ValueError(f"{text!r} is not a duration such as 30m, 2h or 1h30m")
+    hours, minutes = match.groups()
+    return timedelta(hours=int(hours or 0), minutes=int(minutes or 0))
+
+
+def _keep_duration(text: object) -> str:
+    if not isinstance(text, str):  # YAML's `30` is a number: say which unit is missing
+        raise ValueError(f"{text!r} is not a duration such as 30m, 2h or 1h30m (give the unit)")
+    kept = duration(text)
+    if not timedelta(minutes=1) <= kept <= MAX_KEEP_ON_FAILURE:
+        raise ValueError(f"{text} is not between 1m and 24h")
+    return text
+
+
+KeepDuration = Annotated[str, BeforeValidator(_keep_duration)]
+"""A `keep_on_failure` duration: hours and/or minutes (`30m`, `2h`, `1h30m`), from 1 minute to 24 hours."""

@@ -14,7 +14,9 @@ interface, checkpoint staging folder and EFA devices (`hardware.py`) -> workload
 `docker` or `process`; SIGTERM/SIGINT are forwarded; its output folder uploaded on request and at
 the end, `outputs.py`; a node whose workload stopped at another node's spot warning waits for the
 control plane to raise its generation, then rendezvous again with the gang's replacement and runs it
-once more: `_regroup`) -> "Job Exited" on the event bus -> `shutdown -h now`.
+once more: `_regroup`) -> "Job Exited" on the event bus -> `shutdown -h now`. With `keep_on_failure`, a
+workload that crashed (not 0, not 75, no signal) leaves its container's filesystem running idle under
+its name and the host up (`Runtime.keep_for_inspection`); the power-off is then scheduled after the keep.
 With a `log_group` in the document, this log and the workload's output also go to CloudWatch Logs,
 one stream each per node (`contract.job_log_stream`); lines logged before the rendezvous names the
 node are kept and sent then, and a bootstrap that fails before it uses its launch index as the node.
@@ -24,6 +26,7 @@ Needs only Python 3.9+ and boto3 (a bare AMI). See docs/instance.md.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import shlex
@@ -62,6 +65,8 @@ from gpujobs.instance.workload_env import container_env
 REGROUP_WAIT = 120.0
 """How long a survivor whose workload stopped at another node's warning waits for its generation to be
 raised (the control plane tags it as it decides the regroup: seconds, unless its events are late)."""
+KEEP_GRACE_MINUTES = 10
+"""A host kept for inspection powers itself off this long after its keep would end (a fallback)."""
 GPU_METRICS_WAIT = 15.0
 """At the exit, how long an agent setup still running may hold up the report (it then says `pending`)."""
 
@@ -213,7 +218,17 @@ def _run(
                 group=doc["log_group"], stream=_stream(doc, place), region=state["region"], clients=clients
             )
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
+    state["kept_seconds"] = _keep_after_crash(runtime, doc, code=code, signalled=bool(stopper.signum))
     return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
+
+
+def _keep_after_crash(runtime: Runtime, doc: dict[str, Any], *, code: int, signalled: bool) -> int:
+    """With `keep_on_failure`, after a crash (not 0, not 75, no signal): what the workload left is kept
+    and the host stays up; the seconds it is kept for (0: it powers off at once, as after any exit)."""
+    if not doc["keep_on_failure_seconds"] or code in (0, EXIT_PREEMPTED) or signalled:
+        return 0
+    log(f"the workload crashed (exit {code}): keep_on_failure keeps this host up for inspection")
+    return int(doc["keep_on_failure_seconds"]) if runtime.keep_for_inspection(doc) else 0
 
 
 def _rendezvous(args: argparse.Namespace, clients: aws.Clients, doc: dict[str, Any], facts: dict[str, Any]) -> Place:
@@ -346,8 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         log("no event bus or region known: the exit is not published")
     _close_bootstrap_log(bootstrap_log, state)
     if not args.no_shutdown:
-        subprocess.run(["shutdown", "-h", "now"], check=False)
+        subprocess.run(["shutdown", "-h", _power_off_at(state.get("kept_seconds", 0))], check=False)
     return code
+
+
+def _power_off_at(kept_seconds: int) -> str:
+    """`now`, or for a host kept for inspection, its own deadline: the control plane terminates it
+    when the keep is over (or at a cancel); this is the fallback, `KEEP_GRACE_MINUTES` later."""
+    if not kept_seconds:
+        return "now"
+    return f"+{math.ceil(kept_seconds / 60) + KEEP_GRACE_MINUTES}"
 
 
 def _runtime(

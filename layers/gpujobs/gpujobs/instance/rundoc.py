@@ -21,6 +21,8 @@ from gpujobs.instance.errors import BootstrapError
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TEAM_NAME = re.compile(r"^[a-z0-9-]{1,63}$")
 """`gpujobs.domain.spec.TEAM_PATTERN` (a test keeps them equal): safe in a log stream name and an S3 key."""
+MAX_KEEP_SECONDS = 24 * 3600
+"""`gpujobs.domain.spec_parts.MAX_KEEP_ON_FAILURE`: the longest a failed gang is kept up."""
 _REQUIRED = object()
 FIELDS: dict[str, tuple[type, Any]] = {
     "version": (int, 1),
@@ -57,6 +59,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "trainer_env": (dict, {}),
     "efa_instance_types": (list, []),
     "instance_store_types": (list, []),
+    "keep_on_failure_seconds": (int, 0),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -129,6 +132,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
     if doc["team"] and not TEAM_NAME.match(doc["team"]):
         raise BootstrapError(f"team {doc['team']!r} is not a team name")
+    if not 0 <= doc["keep_on_failure_seconds"] <= MAX_KEEP_SECONDS:
+        raise BootstrapError(f"keep_on_failure_seconds {doc['keep_on_failure_seconds']} is not 0 to {MAX_KEEP_SECONDS}")
     if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
         raise BootstrapError(f"wait_for_attempt {doc['wait_for_attempt']} is not an earlier attempt")
     return doc

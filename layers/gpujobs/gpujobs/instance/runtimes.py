@@ -137,6 +137,12 @@ class Runtime:
     def stop(self, signum: int, timeout: int) -> None:
         raise NotImplementedError
 
+    def keep_for_inspection(self, doc: dict[str, Any]) -> bool:
+        """After a crash, with `keep_on_failure`: keep what the workload left for inspection; False: nothing
+        can be kept. A process leaves its files on the host, which stays up."""
+        del doc
+        return True
+
 
 class ProcessRuntime(Runtime):
     """Local processes (local cloud, tests): `entrypoint + command` in its own process group."""
@@ -346,21 +352,46 @@ class DockerRuntime(Runtime):
 
     def start(self, doc: dict[str, Any], env: dict[str, str], private: dict[str, str] | None = None) -> None:
         self.name = container_name(doc["job_id"], doc["attempt"])
-        argv = [self.docker, "run", "--rm", "--name", self.name]
-        argv += ["--gpus", "all"] if doc["gpus_per_node"] > 0 else []
-        argv += ["--network", "host", "--ipc", "host", "--stop-timeout", str(doc["stop_timeout_seconds"])]
-        argv += ["--user", f"{self.user}:{self.user}", *confinement.OPTIONS]
-        argv += ["--cgroup-parent", self.cgroup_parent] if self.cgroup_parent else []
-        if self.devices:
-            argv += ["--ulimit", "memlock=-1:-1", *(f"--device={device}" for device in self.devices)]
-        argv += self.log_options
-        for mount in self.mounts:
-            argv += ["--mount", mount]
+        if doc.get("keep_on_failure_seconds"):  # kept after a crash (`keep_for_inspection`), else removed then
+            subprocess.run([self.docker, "rm", "--force", self.name], capture_output=True, check=False)
+        argv = [self.docker, "run", *([] if doc.get("keep_on_failure_seconds") else ["--rm"]), "--name", self.name]
+        argv += self._options(doc, workload=True)
         workload = {**env, **(private or {})}
         if workload:  # the only way the job's env reaches docker: never its argv or its environment
             self.env_file = EnvFile(workload)
             argv += ["--env-file", self.env_file.path]
         self._popen([*argv, doc["image"], *doc["command"]], dict(os.environ))
+
+    def _options(self, doc: dict[str, Any], *, workload: bool) -> list[str]:
+        """What the container is given and how it is confined: the workload's (with its stop timeout
+        and log driver) and the one kept idle after a crash alike."""
+        argv = ["--gpus", "all"] if doc["gpus_per_node"] > 0 else []
+        argv += ["--network", "host", "--ipc", "host"]
+        argv += ["--stop-timeout", str(doc["stop_timeout_seconds"])] if workload else []
+        argv += ["--user", f"{self.user}:{self.user}", *confinement.OPTIONS]
+        argv += ["--cgroup-parent", self.cgroup_parent] if self.cgroup_parent else []
+        if self.devices:
+            argv += ["--ulimit", "memlock=-1:-1", *(f"--device={device}" for device in self.devices)]
+        argv += self.log_options if workload else []
+        for mount in self.mounts:
+            argv += ["--mount", mount]
+        return argv
+
+    def keep_for_inspection(self, doc: dict[str, Any]) -> bool:
+        """The crashed container's filesystem, committed to an image and run idle (`sleep infinity`)
+        under the same name, confined and mounted as the workload was but with none of its env or
+        secrets, for `gpujobs shell`/`exec` (docker cannot change a container's command)."""
+        image = f"gpujobs-kept/{self.name}:latest"
+        try:
+            self._docker("commit", self.name, image)
+            self._docker("rm", self.name)
+            idle = ["--entrypoint", "sleep", image, "infinity"]
+            self._docker("run", "--detach", "--name", self.name, *self._options(doc, workload=False), *idle)
+        except BootstrapError as exc:
+            log(f"the crashed container cannot be kept: {exc}")
+            return False
+        log(f"the crashed container's filesystem is kept, idle, as {self.name}")
+        return True
 
     def send_output_to(self, *, group: str, stream: str, region: str, clients: Clients) -> None:
         del clients  # the daemon writes with the instance role's credentials

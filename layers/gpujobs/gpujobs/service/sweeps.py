@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from gpujobs.contract import STOPPED_STATES, UP_STATES
-from gpujobs.domain import retention
+from gpujobs.domain import keep, retention
 from gpujobs.domain.effects import Outcome, Terminate
 from gpujobs.domain.job import Job
 from gpujobs.domain.job_access import job_prefix
@@ -150,7 +150,10 @@ def _is_orphan(job: Job | None, inst: TaggedInstance, now: datetime) -> bool:
     """An instance no active attempt accounts for: its job is unknown or over, its attempt unknown,
     or its attempt ended while the instance still runs, or it left its attempt's gang in a regroup
     whose warning window and grace are over (`domain.regroup.left_the_gang`). The stopped instances
-    of the last attempt of a job that ended STOPPED are kept on purpose (see the module docstring)."""
+    of the last attempt of a job that ended STOPPED are kept on purpose (see the module docstring), and
+    so is a FAILED job's gang kept for inspection until its keep is over (`domain.keep`)."""
+    if job is not None and keep.spares(job, inst.attempt, now=now):
+        return False
     if job is not None and job.state is JobState.STOPPED and inst.state in STOPPED_STATES:
         current = job.current_attempt
         return current is None or current.number != inst.attempt
