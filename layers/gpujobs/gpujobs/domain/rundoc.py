@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, instance_store_types
+from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, gpu_counts, instance_store_types
 from gpujobs.domain.job import Attempt, Job
 from gpujobs.domain.job_access import outputs_uri
 
@@ -94,6 +94,9 @@ class RunDocument(BaseModel):
     container gets the host's `/dev/infiniband/uverbs*` devices and an unlimited memlock."""
     instance_store_types: list[str] = Field(default_factory=list)
     """The spec's types with an NVMe instance store: there checkpoints stage on it (`gpujobs.instance.hardware.INSTANCE_STORE_MOUNT`)."""
+    gpu_counts: dict[str, int] = Field(default_factory=dict)
+    """The GPUs of each of the spec's types, from the packaged catalog: a node's GPU check expects
+    nvidia-smi to see them all (`gpujobs.instance.gpu_health`); a type left out is checked for `gpus_per_node`."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -183,5 +186,6 @@ def run_document(
         trainer_env=spec.trainer.environment(),
         efa_instance_types=efa_instance_types(hardware or {}, instance_types=spec.instance_types, nodes=spec.nodes),
         instance_store_types=instance_store_types(hardware or {}, instance_types=spec.instance_types),
+        gpu_counts=gpu_counts(hardware or {}, instance_types=spec.instance_types),
         **access,
     )
