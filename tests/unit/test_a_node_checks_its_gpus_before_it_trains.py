@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpujobs.instance.gpu_health import (
     DCGMI_ARGV,
     DMESG_ARGV,
@@ -67,30 +69,31 @@ XID_79 = "[ 8210.339146] NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, GPU has falle
 XID_13 = "[  912.100000] NVRM: Xid (PCI:0000:00:1e): 13, pid=4321, Graphics Exception: ESR 0x404490=0x80000001\n"
 
 
-def tools(*, smi: str | None = EIGHT_HEALTHY, smi_code: int = 0, dcgmi: str | None = DCGMI_PASS, dmesg: str = ""):  # type: ignore[no-untyped-def]
+class FakeTools:
     """A `Run` answering as these tools would (None: the tool is not installed); it records every argv."""
-    calls: list[list[str]] = []
-    answers = {
-        NVIDIA_SMI_ARGV[0]: None if smi is None else (smi_code, smi),
-        DCGMI_ARGV[0]: None if dcgmi is None else (0, dcgmi),
-        DMESG_ARGV[0]: (0, dmesg),
-    }
 
-    def run(argv: list[str], timeout: float) -> tuple[int, str] | None:
+    def __init__(
+        self, *, smi: str | None = EIGHT_HEALTHY, smi_code: int = 0, dcgmi: str | None = DCGMI_PASS, dmesg: str = ""
+    ) -> None:
+        self.calls: list[list[str]] = []
+        self.answers = {
+            NVIDIA_SMI_ARGV[0]: None if smi is None else (smi_code, smi),
+            DCGMI_ARGV[0]: None if dcgmi is None else (0, dcgmi),
+            DMESG_ARGV[0]: (0, dmesg),
+        }
+
+    def __call__(self, argv: list[str], timeout: float) -> tuple[int, str] | None:
         assert timeout > 0
-        calls.append(argv)
-        return answers[argv[0]]
-
-    run.calls = calls  # type: ignore[attr-defined]
-    return run
+        self.calls.append(argv)
+        return self.answers[argv[0]]
 
 
 def test_a_healthy_p4d_node_passes_and_each_tool_is_run_as_an_argv_list() -> None:
-    run = tools()
+    run = FakeTools()
     health = check_node(expected_gpus=8, run=run)
 
     assert health.ok, health.problems
-    assert run.calls == [list(NVIDIA_SMI_ARGV), list(DCGMI_ARGV), list(DMESG_ARGV)]  # type: ignore[attr-defined]
+    assert run.calls == [list(NVIDIA_SMI_ARGV), list(DCGMI_ARGV), list(DMESG_ARGV)]
     assert (
         NVIDIA_SMI_ARGV[1] == "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
     )
@@ -98,7 +101,7 @@ def test_a_healthy_p4d_node_passes_and_each_tool_is_run_as_an_argv_list() -> Non
 
 def test_a_node_that_sees_fewer_gpus_than_its_type_has_is_unhealthy() -> None:
     seven = "".join(EIGHT_HEALTHY.splitlines(keepends=True)[:7])
-    health = check_node(expected_gpus=8, run=tools(smi=seven))
+    health = check_node(expected_gpus=8, run=FakeTools(smi=seven))
 
     assert not health.ok
     assert health.summary() == "nvidia-smi sees 7 GPU(s), the type has 8"
@@ -108,7 +111,7 @@ def test_an_uncorrected_ecc_error_or_a_pending_page_retirement_makes_a_node_unhe
     lines = EIGHT_HEALTHY.splitlines(keepends=True)
     lines[2] = "2, 00000000:12:1C.0, 3, No\n"
     lines[5] = "5, 00000000:15:1C.0, 0, Yes\n"
-    health = check_node(expected_gpus=8, run=tools(smi="".join(lines)))
+    health = check_node(expected_gpus=8, run=FakeTools(smi="".join(lines)))
 
     assert health.problems == [
         "GPU 2 (00000000:12:1C.0): 3 uncorrected ECC error(s) since the driver loaded",
@@ -117,8 +120,8 @@ def test_an_uncorrected_ecc_error_or_a_pending_page_retirement_makes_a_node_unhe
 
 
 def test_a_failed_dcgm_hardware_test_fails_the_node_but_a_setup_row_is_only_logged() -> None:
-    pcie = check_node(expected_gpus=8, run=tools(dcgmi=DCGMI_PCIE_FAILS))
-    persistence = check_node(expected_gpus=8, run=tools(dcgmi=DCGMI_PERSISTENCE_OFF))
+    pcie = check_node(expected_gpus=8, run=FakeTools(dcgmi=DCGMI_PCIE_FAILS))
+    persistence = check_node(expected_gpus=8, run=FakeTools(dcgmi=DCGMI_PERSISTENCE_OFF))
 
     assert pcie.problems == ["dcgmi diag Integration/PCIe: Fail - All"]
     assert persistence.ok
@@ -126,8 +129,8 @@ def test_a_failed_dcgm_hardware_test_fails_the_node_but_a_setup_row_is_only_logg
 
 
 def test_a_hardware_xid_in_the_kernel_log_fails_the_node_and_an_applications_xid_does_not() -> None:
-    fallen = check_node(expected_gpus=8, run=tools(dmesg=XID_13 + XID_79))
-    app_error = check_node(expected_gpus=8, run=tools(dmesg=XID_13))
+    fallen = check_node(expected_gpus=8, run=FakeTools(dmesg=XID_13 + XID_79))
+    app_error = check_node(expected_gpus=8, run=FakeTools(dmesg=XID_13))
 
     assert fallen.problems == ["XID 79 on PCI:0000:00:1e"]
     assert app_error.ok
@@ -135,25 +138,25 @@ def test_a_hardware_xid_in_the_kernel_log_fails_the_node_and_an_applications_xid
 
 def test_a_failing_nvidia_smi_on_a_gpu_type_fails_the_node() -> None:
     said = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-    health = check_node(expected_gpus=1, run=tools(smi=said, smi_code=9))
+    health = check_node(expected_gpus=1, run=FakeTools(smi=said, smi_code=9))
 
     assert health.problems == [f"nvidia-smi failed (exit 9): {said}"]
 
 
 def test_a_host_without_nvidia_smi_or_a_cpu_type_has_no_gpus_to_check() -> None:
-    local = check_node(expected_gpus=1, run=tools(smi=None, dcgmi=None))
-    cpu = tools()
+    local = check_node(expected_gpus=1, run=FakeTools(smi=None, dcgmi=None))
+    cpu = FakeTools()
     on_cpu = check_node(expected_gpus=0, run=cpu)
 
     assert local.ok
     assert local.summary() == "no GPUs to check (no nvidia-smi on this host)"
     assert on_cpu.ok
     assert on_cpu.summary() == "no GPUs to check (a CPU type)"
-    assert cpu.calls == []  # type: ignore[attr-defined]
+    assert cpu.calls == []
 
 
 def test_without_dcgm_the_diagnostics_are_skipped_and_said_so() -> None:
-    health = check_node(expected_gpus=8, run=tools(dcgmi=None))
+    health = check_node(expected_gpus=8, run=FakeTools(dcgmi=None))
 
     assert health.ok
     assert health.notes == ["no dcgmi on this host: DCGM diagnostics skipped"]
@@ -162,13 +165,15 @@ def test_without_dcgm_the_diagnostics_are_skipped_and_said_so() -> None:
 def test_only_xids_logged_after_the_workload_started_are_its_hardware_fault() -> None:
     before = hardware_xids(XID_79)
 
-    assert hardware_fault(before, run=tools(dmesg=XID_79)) is None
+    assert hardware_fault(before, run=FakeTools(dmesg=XID_79)) is None
     later = XID_79.replace("8210.339146", "9100.000001").replace(": 79,", ": 48,")
-    assert hardware_fault(before, run=tools(dmesg=XID_79 + later)) == "hardware fault: XID 48 on PCI:0000:00:1e"
+    assert hardware_fault(before, run=FakeTools(dmesg=XID_79 + later)) == "hardware fault: XID 48 on PCI:0000:00:1e"
     assert hardware_xids(XID_79 + XID_13) == [Xid("PCI:0000:00:1e", 79, XID_79.strip())]
 
 
-def test_fake_tools_on_path_play_an_unhealthy_node_through_real_processes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_fake_tools_on_path_play_an_unhealthy_node_through_real_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the local cloud does to play a bad host: a PATH folder with a fake nvidia-smi."""
     fake = tmp_path / "nvidia-smi"
     fake.write_text(

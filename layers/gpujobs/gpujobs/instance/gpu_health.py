@@ -121,7 +121,8 @@ def dcgmi_diag_results(text: str) -> list[tuple[str, str, str]]:
 
 def dcgmi_problems(text: str) -> tuple[list[str], list[str]]:
     """(problems, notes) of a `dcgmi diag` run: hardware failures, and setup failures only logged."""
-    problems, notes = [], []
+    problems: list[str] = []
+    notes: list[str] = []
     for section, name, result in dcgmi_diag_results(text):
         if not result.startswith("Fail"):
             continue
