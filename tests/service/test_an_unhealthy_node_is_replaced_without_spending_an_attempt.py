@@ -5,11 +5,16 @@ the record names the instance and what it found, and the pool is scored down."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from gpujobs.contract import ExitCode
+from gpujobs.domain.decisions import on_exit
 from gpujobs.domain.fate import REPORT_GRACE, UNHEALTHY_LIMIT
-from gpujobs.domain.job import Job
+from gpujobs.domain.job import Admission, Job, Market
+from gpujobs.domain.launching import Gang, claim_launch, record_launch
 from gpujobs.domain.pools import reclaims_of
 from gpujobs.domain.reports import ExitReport
+from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState, Reason
 from tests.service.conftest import World, spec
 
@@ -116,3 +121,26 @@ def test_unhealthy_nodes_in_attempts_in_a_row_fail_the_job_saying_so(world: Worl
     assert len(failed.attempts) == UNHEALTHY_LIMIT
     assert world.compute.live() == []
     assert failed.crashes == 0
+
+
+def test_an_unhealthy_report_that_overtakes_the_launchs_record_names_the_node_once_it_is_recorded() -> None:
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    job = Job.submitted(
+        job_id="j-0000000000000001",
+        spec=validate_spec({"name": "d", "image": "img:1", "command": ["t"], "instance_types": ["g5.xlarge"]}),
+        now=now,
+        message_id="m-1",
+    )
+    claimed = claim_launch(job, now=now, hold=None, admission=Admission(at=now)).job
+    assert claimed is not None
+    early = ExitReport(job_id=job.job_id, attempt=1, exit_code=ExitCode.UNHEALTHY_NODE, node_rank=0, message=FOUND)
+    heard = on_exit(claimed, early, now=now).job  # the bootstrap's report came before RunInstances' answer
+    assert heard is not None
+
+    gang = Gang(("i-0aaaabbbbccccdddd",), "g5.xlarge", "us-east-1a", Market.SPOT, "subnet-a")
+    launched = record_launch(heard, attempt_number=1, gang=gang, tries=(), now=now).job
+
+    assert launched is not None
+    assert launched.attempts[0].unhealthy == {"i-0aaaabbbbccccdddd": FOUND}
+    assert launched.state is JobState.QUEUED
+    assert launched.history[-1].reason is Reason.UNHEALTHY_NODE
