@@ -7,6 +7,20 @@ visible GPU, then prints a results table. Without CUDA it exits with code 2 and 
     python bench/gpu_check.py            # one GPU, no torchrun needed
     python bench/gpu_check.py --ddp-compare
 
+`--health` runs the node's GPU check as the bootstrap runs it before a gang trains
+(`gpujobs.instance.gpu_health`: nvidia-smi's count, ECC and pending retirements against the
+catalog's GPUs for `--instance-type`, `dcgmi diag -r 1` where DCGM is installed, hardware XIDs in
+`dmesg`), prints what each tool said, how long it took and the verdict; exit 1 if unhealthy. It
+needs no torch.
+
+`--all-reduce` measures the gang's collective bandwidth: run it under torchrun on every GPU of every
+node; rank 0 prints the all-reduce's algorithm and bus bandwidth (nccl-tests' busbw: algbw * 2(n-1)/n)
+per message size. The figure is reported only: gpujobs does not yet compare it with a per-type
+expectation nor act on it (docs/instance.md). On CPU it runs over gloo (a smoke run, not a figure).
+
+    python bench/gpu_check.py --health --instance-type p4d.24xlarge
+    torchrun --standalone --nproc-per-node 8 bench/gpu_check.py --all-reduce
+
 `--ddp-compare` measures what the trainer costs a multi-GPU DDP step: the same model and batch run
 under torchrun on every GPU twice, once as a bare DDP loop (init_process_group, DDP, autocast,
 AdamW) and once through gpujobs_trainer (setup_distributed, prepare_model, run.autocast and
@@ -40,7 +54,85 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json", default="", help="also write results here (rank 0)")
     parser.add_argument("--ddp-compare", action="store_true", help="gpujobs trainer vs bare DDP step throughput")
     parser.add_argument("--ddp-worker", choices=("bare", "gpujobs"), default="", help=argparse.SUPPRESS)
+    parser.add_argument("--health", action="store_true", help="run the node's GPU check (gpu_health) for real")
+    parser.add_argument("--instance-type", default="", help="--health: expect this type's GPUs (packaged catalog)")
+    parser.add_argument("--all-reduce", action="store_true", help="all-reduce bandwidth of the gang (under torchrun)")
+    parser.add_argument("--sizes-mb", default="8,64,256", help="--all-reduce: message sizes in MiB")
     return parser.parse_args()
+
+
+def health(args: argparse.Namespace) -> int:
+    """The bootstrap's GPU check, for real, with each tool's output and time shown."""
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "layers" / "gpujobs")]
+    from gpujobs.adapters.catalog import gpu_counts
+    from gpujobs.instance import gpu_health
+
+    def shown(argv: list[str], timeout: float) -> tuple[int, str] | None:
+        started = time.perf_counter()
+        out = gpu_health.run_tool(argv, timeout)
+        took = time.perf_counter() - started
+        said = "not installed" if out is None else f"exit {out[0]} in {took:.1f}s"
+        print(f"$ {' '.join(argv)}  ({said})")
+        if out is not None:
+            print("\n".join("    " + line for line in out[1].splitlines()[-40:]))
+        return out
+
+    expected = gpu_counts().get(args.instance_type, 0) if args.instance_type else 0
+    if not expected:
+        listed = gpu_health.run_tool(["nvidia-smi", "-L"], gpu_health.QUERY_TIMEOUT)
+        expected = len(listed[1].splitlines()) if listed and listed[0] == 0 else 1
+    result = gpu_health.check_node(expected_gpus=expected, run=shown)
+    print(f"expected GPUs: {expected}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"verdict: {'healthy' if result.ok else 'UNHEALTHY: ' + result.summary()}")
+    return 0 if result.ok else 1
+
+
+def all_reduce(args: argparse.Namespace) -> int:
+    """One rank of the all-reduce bandwidth check; rank 0 prints algbw and busbw per size."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ:
+        print("gpu_check all-reduce: run it under torchrun (a world of one has no bus bandwidth)")
+        return 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world, device = dist.get_world_size(), torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    results = []
+    for mb in (int(x) for x in args.sizes_mb.split(",")):
+        tensor = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
+        for _ in range(3):  # warm-up: communicators, buffers
+            dist.all_reduce(tensor)
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        started = time.perf_counter()
+        steps = max(1, args.steps // 5)
+        for _ in range(steps):
+            dist.all_reduce(tensor)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / steps
+        algbw = tensor.numel() * 4 / seconds / 1e9
+        results.append(
+            {"mib": mb, "ms": seconds * 1e3, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (world - 1) / world}
+        )
+    if dist.get_rank() == 0:
+        backend = "nccl" if cuda else "gloo (CPU: a smoke run, not a figure)"
+        print(f"all-reduce over {world} rank(s), {backend}:")
+        for r in results:
+            print(
+                f"  {r['mib']:>5} MiB  {r['ms']:8.2f} ms  algbw {r['algbw_gbps']:7.2f} GB/s  busbw {r['busbw_gbps']:7.2f} GB/s"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    dist.destroy_process_group()
+    return 0
 
 
 def ddp_compare(args: argparse.Namespace) -> int:
@@ -127,6 +219,10 @@ def ddp_worker(args: argparse.Namespace) -> int:
 
 def main() -> int:
     args = parse_args()
+    if args.health:
+        return health(args)
+    if args.all_reduce:
+        return all_reduce(args)
     if args.ddp_compare:
         return ddp_compare(args)
     if args.ddp_worker:

@@ -76,6 +76,16 @@ FALLBACKS = {
 """What one RunInstances call spends of its invocation's time (the simulation's clock stands still)."""
 EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED, ExitCode.SYNC_FAILED)
 CONFIG_ERROR_CODES = (ExitCode.CONFIG_ERROR, 2)
+HARDWARE_CODES = (ExitCode.UNHEALTHY_NODE, ExitCode.HARDWARE_FAULT)
+HARDWARE_REASONS = frozenset({Reason.UNHEALTHY_NODE, Reason.HARDWARE_FAULT})
+CRASH_REASONS = frozenset(
+    {Reason.CRASHED_RETRYING, Reason.CRASHED_TOO_OFTEN, Reason.SYNC_FAILED, Reason.INSTANCE_LOST, Reason.CONFIG_ERROR}
+)
+"""The transitions a crash is counted with (`fate.Move.counts_crash`)."""
+RECLAIM_REASONS = frozenset(
+    {Reason.SPOT_INTERRUPTION, Reason.NODE_RECLAIMED, Reason.NO_ROOM_FOR_NODE, Reason.INSTANCE_LOST}
+)
+"""The transitions an interruption is counted with (a reclaim, or a gang's node reclaimed)."""
 MARKETS = (Market.SPOT.value, Market.ON_DEMAND.value)
 FAULT_TIMINGS = (When.BEFORE, When.AFTER)
 TEAM_PRINCIPAL = "AROAEXAMPLEID1234567"
@@ -178,6 +188,10 @@ class SimulatedCloud:
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
     kept_up: set[str] = field(default_factory=set)
     """Instances whose workload crashed under `keep_on_failure`: their bootstrap kept them up (`domain.keep`)."""
+    counted: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Per job, (crashes, interruptions, transitions) as the last step left them (`_unhealthy_nodes_counted`)."""
+    hardware_endings: Counter[tuple[str, int]] = field(default_factory=Counter)
+    """Per job attempt, the unhealthy-node or hardware-fault transitions it was ever ended with."""
 
     """Per job, the most work its record has said is kept: (checkpoint step, time trained)."""
 
@@ -603,6 +617,7 @@ class SimulatedCloud:
         problems += self._kept_gangs(jobs)
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
+        problems += self._unhealthy_nodes_counted(jobs)
         problems += self.moves_broken_early
         problems += self.zone_orders_broken
         problems += self._ledger_and_quotas(jobs)
@@ -673,6 +688,33 @@ class SimulatedCloud:
             if now_kept[0] < before[0] or now_kept[1] < before[1]:
                 problems.append(f"{job.job_id}: its kept work shrank from {before} to {now_kept}")
             self.kept_work[job.job_id] = (max(now_kept[0], before[0]), max(now_kept[1], before[1]))
+        return problems
+
+    def _unhealthy_nodes_counted(self, jobs: dict[str, Job]) -> list[str]:
+        """A node's failed GPU check or hardware fault (exit 122 or 121, however often and late it is
+        reported) never counts a crash (an attempt of max_attempts) nor an interruption: a step that
+        ended an attempt for it counted no more than the crash and reclaim transitions it also made.
+        And it ends its attempt once: one relaunch for an unhealthy node, never two."""
+        problems = []
+        for job in jobs.values():
+            crashes, interruptions, seen = self.counted.get(job.job_id, (0, 0, 0))
+            total = job.history_dropped + len(job.history)
+            new = job.history[max(0, len(job.history) - (total - seen)) :]
+            self.counted[job.job_id] = (job.crashes, job.interruptions, total)
+            hardware = [e for e in new if e.reason in HARDWARE_REASONS]
+            for e in hardware:
+                self.hardware_endings[(job.job_id, e.attempt or 0)] += 1
+                if self.hardware_endings[(job.job_id, e.attempt or 0)] > 1:
+                    problems.append(f"{job.job_id}: attempt {e.attempt} ended twice for an unhealthy node")
+            if not hardware:
+                continue
+            crash_events = sum(1 for e in new if e.reason in CRASH_REASONS)
+            reclaim_events = sum(1 for e in new if e.reason in RECLAIM_REASONS)
+            if job.crashes - crashes > crash_events or job.interruptions - interruptions > reclaim_events:
+                problems.append(
+                    f"{job.job_id}: an unhealthy node counted (crashes {crashes}->{job.crashes}, interruptions"
+                    f" {interruptions}->{job.interruptions}) with {[e.reason.value for e in new]}"
+                )
         return problems
 
     def _objects_deleted_early(self, jobs: dict[str, Job]) -> list[str]:

@@ -7,8 +7,9 @@ spot warnings and reclaims (a warning whose reclaim never comes among them; one 
 everywhere at once; a warning for one node of a gang replaces that node in place, or the whole gang
 when its pool has no room), EC2's spot placement scores changing, volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
-changes delivered late, twice or never, a failed gang kept up for inspection (`keep_on_failure`) until
-its keep is over or a cancel, idle alarms, cancels, budget alerts, clock jumps, reconciler
+changes delivered late, twice or never, a node whose GPU check fails (or whose hardware faults during
+training) at any point, a failed gang kept up for inspection (`keep_on_failure`) until its keep is
+over or a cancel, idle alarms, cancels, budget alerts, clock jumps, reconciler
 runs, reads of the table's stream by the Publisher function (late, or failing), team quotas, fair
 share, borrowing and priorities with the fleet drained or a team paused at any point (admission and
 preemption), and a fault armed at any port call (before it or after it took effect). After every step the invariants of
@@ -35,7 +36,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState, Reason
-from tests.service.cloud import CONFIG_ERROR_CODES, EXIT_CODES, FAULT_TIMINGS, MARKETS, Delivery, SimulatedCloud
+from tests.service.cloud import (
+    CONFIG_ERROR_CODES,
+    EXIT_CODES,
+    FAULT_TIMINGS,
+    HARDWARE_CODES,
+    MARKETS,
+    Delivery,
+    SimulatedCloud,
+)
 from tests.service.conftest import spec
 from tests.service.faults import When
 
@@ -207,6 +216,17 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
     def one_node_exits_misconfigured(self, which: int, node: int, code: int) -> None:
         """A configuration error's exit (78, or a script's 2) at any point: before any progress it
         fails the job at once; after a heartbeat or a commit in any attempt it is a crash."""
+        gang = self._gang(which)
+        if gang:
+            nodes = self.cloud.gangs()[gang]
+            self.cloud.exit(gang, code, nodes=[nodes[node % len(nodes)]])
+
+    @rule(which=pick, node=pick, code=st.sampled_from(HARDWARE_CODES))
+    def one_node_is_unhealthy(self, which: int, node: int, code: int) -> None:
+        """A node's GPU check fails (122), or its workload fails with a hardware XID (121), at any point:
+        before its gang trained, while it trains, while it is reclaimed. Its report may come twice,
+        late or never (`deliver`, `lose`); the gang is relaunched without counting a crash or an
+        interruption, and the attempt ends once (`SimulatedCloud._unhealthy_nodes_counted`)."""
         gang = self._gang(which)
         if gang:
             nodes = self.cloud.gangs()[gang]

@@ -141,7 +141,7 @@ def a_document(tmp_path: Path, bus: Bus, *, exit_code: int = 0, **changes: Any) 
 def a_fake_bin(tmp_path: Path) -> Path:
     """A PATH holding only a fake `shutdown` that records its arguments."""
     fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
+    fake_bin.mkdir(exist_ok=True)
     shutdown = fake_bin / "shutdown"
     shutdown.write_text(
         f"#!{sys.executable}\nimport sys\nopen({str(tmp_path / 'shutdown')!r}, 'w').write(' '.join(sys.argv[1:]))\n"
@@ -264,6 +264,62 @@ def test_a_failing_workload_is_published_and_the_instance_shuts_down(
     [exited] = bus.exits()
     assert (exited["exit_code"], exited["reason"]) == (3, "exited")
     assert (tmp_path / "shutdown").read_text() == "-h now"
+
+
+def fake_tool(fake_bin: Path, name: str, script: str) -> None:
+    """A fake of a host tool on the bootstrap's PATH (what the local cloud uses to play a bad host)."""
+    fake_bin.mkdir(exist_ok=True)
+    tool = fake_bin / name
+    tool.write_text(f"#!{sys.executable}\nimport os, sys\n{script}\n")
+    tool.chmod(0o755)
+
+
+def test_a_node_whose_gpus_fail_their_check_reports_unhealthy_and_never_runs_the_workload(
+    tmp_path: Path, bus: Bus, moto_endpoint: str, bootstrap_python: BootstrapPython
+) -> None:
+    doc = a_document(tmp_path, bus, gpus_per_node=4, gpu_counts={"p4d.24xlarge": 8})
+    fake_tool(tmp_path / "bin", "nvidia-smi", "print('0, 00000000:10:1C.0, 0, [N/A]')")
+    with FakeImds(
+        user_data=render_user_data(doc, bucket=BUCKET, region=REGION),
+        instance_id=INSTANCE_ID,
+        instance_type="p4d.24xlarge",
+    ) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown", python=bootstrap_python.path)
+
+    assert code == contract.EXIT_UNHEALTHY_NODE, output
+    assert not (tmp_path / "out.json").exists()  # the workload never started
+    [exited] = bus.exits()
+    assert (exited["exit_code"], exited["reason"], exited["instance_id"]) == (122, "unhealthy-node", INSTANCE_ID)
+    assert exited["message"] == "GPU check failed on p4d.24xlarge: nvidia-smi sees 1 GPU(s), the type has 8"
+
+
+def test_a_workload_that_fails_while_the_kernel_logs_a_hardware_xid_is_a_hardware_fault(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    doc = a_document(tmp_path, bus, exit_code=3, gpus_per_node=1)
+    fake_tool(tmp_path / "bin", "nvidia-smi", "print('0, 00000000:00:1E.0, 0, No')")
+    xid = "[ 8210.339146] NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, GPU has fallen off the bus."
+    fake_tool(  # the XID appears once the workload has run (it wrote its output)
+        tmp_path / "bin", "dmesg", f"print({xid!r}) if os.path.exists({str(tmp_path / 'out.json')!r}) else None"
+    )
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+
+    assert code == contract.EXIT_HARDWARE_FAULT, output
+    [exited] = bus.exits()
+    assert (exited["exit_code"], exited["reason"]) == (121, "exited")
+    assert exited["message"] == "workload exited with 3: hardware fault: XID 79 on PCI:0000:00:1e"
+
+
+def test_without_nvidia_smi_a_gpu_job_on_the_local_cloud_has_no_gpus_to_check(
+    tmp_path: Path, bus: Bus, moto_endpoint: str
+) -> None:
+    doc = a_document(tmp_path, bus, gpus_per_node=1)
+    with FakeImds(user_data=render_user_data(doc, bucket=BUCKET, region=REGION), instance_id=INSTANCE_ID) as imds:
+        code, output = run_bootstrap(tmp_path, imds, moto_endpoint, "--no-shutdown")
+
+    assert code == 0, output
+    assert "GPU check: no GPUs to check (no nvidia-smi on this host)" in output
 
 
 def test_a_workload_that_cannot_start_is_reported_with_the_line_that_says_why(

@@ -64,6 +64,8 @@ def test_the_bootstrap_reports_its_exit_as_the_reports_rule_expects() -> None:
     assert instance_contract.EVENT_DETAIL_TYPE == contract.JOB_EXITED
     assert instance_contract.EXIT_BOOTSTRAP_FAILED == contract.ExitCode.BOOTSTRAP_FAILED
     assert instance_contract.EXIT_PREEMPTED == contract.ExitCode.PREEMPTED
+    assert instance_contract.EXIT_UNHEALTHY_NODE == contract.ExitCode.UNHEALTHY_NODE
+    assert instance_contract.EXIT_HARDWARE_FAULT == contract.ExitCode.HARDWARE_FAULT
 
 
 def test_the_bootstrap_counts_instance_states_as_the_control_plane_does() -> None:

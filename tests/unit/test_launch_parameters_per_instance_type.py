@@ -169,3 +169,11 @@ def test_a_single_node_document_names_no_efa_type_but_still_stages_on_nvme() -> 
 
     assert doc["efa_instance_types"] == []
     assert doc["instance_store_types"] == ["p5.48xlarge"]
+
+
+def test_the_run_document_names_each_gpu_types_gpus_from_the_catalog_for_the_nodes_gpu_check() -> None:
+    job, attempt = a_job(nodes=1, instance_types=["p5.48xlarge", "p4d.24xlarge", "g5.xlarge", "c7i.large"])
+
+    doc = a_document(job, attempt)
+
+    assert doc["gpu_counts"] == {"p5.48xlarge": 8, "p4d.24xlarge": 8, "g5.xlarge": 1}  # c7i has none to check

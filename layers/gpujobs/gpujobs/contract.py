@@ -256,6 +256,12 @@ class ExitCode(IntEnum):
     """EX_TEMPFAIL: interrupted, a checkpoint is committed; resume me."""
     CONFIG_ERROR = 78
     """EX_CONFIG: the job is misconfigured; retrying the same configuration fails the same way."""
+    HARDWARE_FAULT = 121
+    """The bootstrap's: the workload failed and the node's kernel log shows new hardware XID errors
+    since it started (`gpujobs.instance.gpu_health`): the machine's fault, not the job's."""
+    UNHEALTHY_NODE = 122
+    """The bootstrap's: the node's GPU check failed before the workload started (too few GPUs, an
+    uncorrected ECC error or a retirement pending, a failed `dcgmi diag`, a hardware XID)."""
     BOOTSTRAP_FAILED = 125
     """The instance bootstrap could not start the workload (as `docker run` exits 125 when it cannot
     run a container). Not 127: that is a shell's "command not found", a configuration error."""

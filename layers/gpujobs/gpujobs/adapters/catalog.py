@@ -128,6 +128,7 @@ def packaged_hardware() -> dict[str, InstanceHardware]:
         name: InstanceHardware(
             efa_interfaces=facts.efa_interfaces if facts.efa_interfaces == facts.network_cards else 0,
             instance_store_gb=facts.instance_store_gb,
+            gpus=facts.gpus,
         )
         for name, facts in packaged_catalog().items()
     }

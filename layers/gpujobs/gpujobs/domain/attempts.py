@@ -19,6 +19,8 @@ RESTORE_ALLOWANCE = timedelta(minutes=1)
 """Loading the newest checkpoint onto the GPUs."""
 COMPLETED_END_REASON = "succeeded"
 """The `end_reason` of an attempt whose nodes all exited 0 (`fate.Verdict.SUCCEEDED`)."""
+UNHEALTHY_END_REASONS = frozenset({Reason.UNHEALTHY_NODE.value, Reason.HARDWARE_FAULT.value})
+"""The `end_reason`s of an attempt a node's hardware ended (`fate.Verdict.UNHEALTHY_NODE`, `HARDWARE_FAULT`)."""
 
 
 class LaunchTry(Frozen):
@@ -86,6 +88,9 @@ class Attempt(Frozen):
     """Interrupted by a deadline's move, not by EC2: it trains on until its replacement's gang is up."""
     exit_codes: dict[str, int] = Field(default_factory=dict)
     """Container exit code per instance id, as each node reported it (`Job Exited`)."""
+    unhealthy: dict[str, Detail] = Field(default_factory=dict)
+    """Nodes that reported their GPUs unhealthy (before training) or a hardware fault (during it),
+    instance id -> what their check found (`fate.Verdict.UNHEALTHY_NODE`): shown, and the pool scored down."""
     error_line: Detail = ""
     """The message of the attempt's first failed exit report (say, the trainer's configuration
     error), capped: what `gpujobs status` shows of why the attempt failed."""
@@ -226,6 +231,8 @@ class RetiredAttempts(Frozen):
     """How many of the newest retired attempts found no capacity (or no quota), so the retry backoff keeps growing."""
     boot_deaths_in_a_row: int = 0
     """Newest retired attempts in a row that saw their instances die at boot (`fate.boot_deaths_in_a_row`)."""
+    unhealthy_in_a_row: int = 0
+    """Newest retired attempts in a row ended by a node's failed GPU check or hardware fault (`fate.unhealthy_in_a_row`)."""
     progressed: bool = False
     """Whether any retired attempt heartbeated or committed a checkpoint (`fate.made_progress`)."""
     trained_seconds: float = 0.0
@@ -240,6 +247,7 @@ class RetiredAttempts(Frozen):
             update = {"count": self.count + 1, "no_capacity_in_a_row": in_a_row, "progressed": progressed}
             return self.model_copy(update={**update, "trained_seconds": trained})
         boot_deaths = self.boot_deaths_in_a_row + 1 if attempt.end_reason == Reason.DIED_AT_BOOT.value else 0
+        unhealthy = self.unhealthy_in_a_row + 1 if attempt.end_reason in UNHEALTHY_END_REASONS else 0
         held = (attempt.ended_at - attempt.started_at).total_seconds()
         market = attempt.market or Market.ON_DEMAND
         pool = (attempt.instance_type or "", attempt.zone, market)
@@ -270,6 +278,7 @@ class RetiredAttempts(Frozen):
             usage=tuple(usage),
             no_capacity_in_a_row=in_a_row,
             boot_deaths_in_a_row=boot_deaths,
+            unhealthy_in_a_row=unhealthy,
             progressed=progressed,
             trained_seconds=trained,
         )

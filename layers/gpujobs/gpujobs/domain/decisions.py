@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
+from gpujobs.contract import ExitCode
 from gpujobs.domain.effects import (
     Decision,
     DeleteAlarms,
@@ -34,6 +35,7 @@ from gpujobs.domain.effects import (
     live_instances,
 )
 from gpujobs.domain.fate import (
+    HARDWARE_EXIT_CODES,
     PREEMPTION_GRACE,
     STOP_CHECKPOINT_DEADLINE,
     Verdict,
@@ -207,6 +209,9 @@ def on_exit(job: Job, report: ExitReport, *, now: datetime) -> Decision:
     update: dict[str, object] = {"exit_codes": {**found.exit_codes, key: exit_code}}
     if exit_code != 0 and message.strip() and not found.error_line:
         update["error_line"] = cap_detail(" ".join(message.split()))
+    if exit_code in HARDWARE_EXIT_CODES:  # which node, and what its check found: shown, and its pool scored down
+        said = cap_detail(" ".join(message.split())) or HARDWARE_EXIT_CODES[ExitCode(exit_code)]
+        update["unhealthy"] = {**found.unhealthy, key: said}
     changed = job.with_attempt(found.model_copy(update=update), now=now)
     return Decision(Outcome.EXIT_RECORDED, changed, detail=f"exit {exit_code} on {key}").then(settle(changed, now=now))
 

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from gpujobs.contract import ExitCode
+from gpujobs.domain.attempts import UNHEALTHY_END_REASONS
 from gpujobs.domain.job import Attempt, Job, Market
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
@@ -39,6 +40,12 @@ BOOT_DEATH_CAUSES = (
     "likely causes: the account's default EBS key is a customer managed KMS key the stack may not use"
     " (EbsKmsKeyArn and its grants), an AMI that does not boot this type, or the instance profile"
 )
+UNHEALTHY_LIMIT = 3
+"""Attempts in a row ended by a node's failed GPU check or hardware fault before the job fails:
+each relaunch goes to another host (and a scored-down pool), so three bad hosts in a row say the
+pools, the AMI or the driver are broken, and an unhealthy report never relaunches a job forever."""
+HARDWARE_EXIT_CODES = {ExitCode.UNHEALTHY_NODE: "unhealthy-node", ExitCode.HARDWARE_FAULT: "hardware-fault"}
+"""The bootstrap's codes for a node whose hardware failed (`gpujobs.instance.gpu_health`) -> the verdict."""
 MISCONFIGURED_EXIT_CODES = frozenset({ExitCode.CONFIG_ERROR, 2, 126, 127})
 """Exit codes that name a configuration error when no step was made: 78 (EX_CONFIG, the trainer's
 and any script's "misconfigured"), 2 (a usage error; Python's `can't open file`), 126 and 127 (a
@@ -68,6 +75,13 @@ class Verdict(StrEnum):
     checkpoint or exit report) and without a spot warning: relaunch until `BOOT_DEATH_LIMIT` in a row."""
     STOPPED = "stopped"
     """A policy stop completed."""
+    UNHEALTHY_NODE = "unhealthy-node"
+    """A node's GPU check failed before training (`ExitCode.UNHEALTHY_NODE`): the gang is relaunched on
+    other hosts, counted neither as a crash (no attempt spent) nor as an interruption, until
+    `UNHEALTHY_LIMIT` in a row."""
+    HARDWARE_FAULT = "hardware-fault"
+    """The workload failed and its node logged new hardware XIDs (`ExitCode.HARDWARE_FAULT`): relaunched
+    like an unhealthy node, never judged the job's crash."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,9 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
         return Judgement(Verdict.WAIT)
     if job.stop_request is not None and not crashed:
         return Judgement(Verdict.STOPPED, job.stop_request.detail or job.stop_request.reason.value)
+    hardware = sorted({code for code in crashed.values() if code in HARDWARE_EXIT_CODES})
+    if hardware:  # a node's hardware ended the gang: what the other nodes then exited with follows from it
+        return Judgement(Verdict(HARDWARE_EXIT_CODES[ExitCode(hardware[-1])]), _unhealthy(attempt, crashed))
     if crashed and all(code == ExitCode.SYNC_FAILED for code in crashed.values()):
         return Judgement(Verdict.SYNC_FAILED, f"the last sync of the checkpoint folder failed ({_codes(crashed)})")
     if crashed and misconfigured(job, crashed):
@@ -186,6 +203,25 @@ def _boot_death(attempt: Attempt, missing: list[str]) -> str:
     )
 
 
+def unhealthy_in_a_row(job: Job) -> int:
+    """Attempts ended by a node's hardware (`UNHEALTHY_NODE`, `HARDWARE_FAULT`), newest first, until
+    one that ended otherwise (attempts that launched nothing do not break the row)."""
+    count = 0
+    for attempt in reversed(job.attempts):
+        if not attempt.instance_ids:
+            continue
+        if attempt.end_reason not in UNHEALTHY_END_REASONS:
+            return count
+        count += 1
+    return count + job.retired.unhealthy_in_a_row
+
+
+def _unhealthy(attempt: Attempt, crashed: dict[str, int]) -> str:
+    found = [i for i, code in sorted(crashed.items()) if code in HARDWARE_EXIT_CODES]
+    said = "; ".join(f"{i}: {attempt.unhealthy[i]}" if attempt.unhealthy.get(i) else i for i in found)
+    return f"unhealthy node(s), replaced without spending an attempt: {said}"
+
+
 def _config_error(attempt: Attempt, crashed: dict[str, int]) -> str:
     line = f": {attempt.error_line}" if attempt.error_line else ""
     return f"configuration error before the first step ({_codes(crashed)}){line}"
@@ -239,6 +275,11 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
         if boot_deaths_in_a_row(job) >= BOOT_DEATH_LIMIT:
             return Move(((JobState.FAILED, Reason.DIED_AT_BOOT),), relaunch=False)
         return Move(((JobState.QUEUED, Reason.DIED_AT_BOOT),), relaunch=True)
+    if verdict in (Verdict.UNHEALTHY_NODE, Verdict.HARDWARE_FAULT):
+        reason = Reason(verdict.value)
+        if unhealthy_in_a_row(job) >= UNHEALTHY_LIMIT:
+            return Move(((JobState.FAILED, reason),), relaunch=False)
+        return Move(((JobState.QUEUED, reason),), relaunch=True)
     if verdict is Verdict.LOST:
         if job.crashes + 1 >= spec.max_attempts:
             return Move(((JobState.FAILED, Reason.INSTANCE_LOST),), relaunch=False, counts_crash=True)

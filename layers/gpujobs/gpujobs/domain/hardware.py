@@ -28,6 +28,8 @@ class InstanceHardware:
     """EFA interfaces the type takes, one per network card; 0 when it has no EFA."""
     instance_store_gb: int
     """NVMe instance store size; 0 when it has none."""
+    gpus: int = 0
+    """GPUs the type has: what a node's GPU check expects nvidia-smi to see (`gpujobs.instance.gpu_health`)."""
 
 
 class InterfaceType(StrEnum):
@@ -69,3 +71,8 @@ def efa_instance_types(
 def instance_store_types(hardware: Mapping[str, InstanceHardware], *, instance_types: Iterable[str]) -> list[str]:
     """Of the types a job may launch on, those whose NVMe instance store stages its checkpoints."""
     return [t for t in instance_types if (facts := hardware.get(t)) is not None and facts.instance_store_gb > 0]
+
+
+def gpu_counts(hardware: Mapping[str, InstanceHardware], *, instance_types: Iterable[str]) -> dict[str, int]:
+    """Of the types a job may launch on, the GPUs of each known GPU type (its run document names them)."""
+    return {t: facts.gpus for t in instance_types if (facts := hardware.get(t)) is not None and facts.gpus > 0}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from gpujobs.domain.decisions import settle
 from gpujobs.domain.effects import (
@@ -27,6 +28,8 @@ from gpujobs.domain.job import Admission, Attempt, Job, LaunchTry, Market, cap_d
 from gpujobs.domain.keep import release
 from gpujobs.domain.ledger import holds, off_the_ledger, waits
 from gpujobs.domain.states import JobState, Reason
+
+V = TypeVar("V")
 
 LAUNCH_LEASE = timedelta(minutes=11)
 """How long a launcher owns a LAUNCHING attempt before a retry may take it over.
@@ -199,7 +202,8 @@ def record_launch(
             "market": gang.market,
             "tries": tries,
             "lease_expires_at": None,
-            "exit_codes": _exit_codes_by_instance(attempt, gang.instance_ids),
+            "exit_codes": _by_instance(attempt.exit_codes, gang.instance_ids),
+            "unhealthy": _by_instance(attempt.unhealthy, gang.instance_ids),
             "can_regroup": True,
         }
     )
@@ -216,15 +220,16 @@ def record_launch(
     return launched.then(settle(recorded, now=now)) if updated.exit_codes else launched
 
 
-def _exit_codes_by_instance(attempt: Attempt, instance_ids: tuple[str, ...]) -> dict[str, int]:
-    """Exit reports that overtook the launch's record, keyed by rank or id, mapped onto the gang."""
-    codes: dict[str, int] = {}
-    for key, code in attempt.exit_codes.items():
+def _by_instance(reported: dict[str, V], instance_ids: tuple[str, ...]) -> dict[str, V]:
+    """What exit reports that overtook the launch's record said (codes, unhealthy findings), keyed
+    by rank or id, mapped onto the gang."""
+    found: dict[str, V] = {}
+    for key, value in reported.items():
         rank = int(key.removeprefix("rank:")) if key.startswith("rank:") else None
         instance_id = instance_ids[rank] if rank is not None and rank < len(instance_ids) else key
         if instance_id in instance_ids:
-            codes.setdefault(instance_id, code)
-    return codes
+            found.setdefault(instance_id, value)
+    return found
 
 
 def end_launch(

@@ -74,11 +74,15 @@ class Reclaim:
 
 def reclaims_of(job: Job) -> list[Reclaim]:
     """The spot reclaims the job's record shows (moves are not reclaims): its attempts' and its
-    gangs' newest node reclaims (`domain.regroup`)."""
+    gangs' newest node reclaims (`domain.regroup`). An attempt a node's failed GPU check or hardware
+    fault ended (`Attempt.unhealthy`) scores its pool down like a reclaim: the relaunch tries the
+    pool's other zones first, and the stack's other spot launches learn of it too."""
     found = []
     for a in job.attempts:
         if a.market is not Market.SPOT or a.instance_type is None or a.zone is None:
             continue
+        if a.unhealthy and a.ended_at is not None:
+            found.append(Reclaim(a.instance_type, a.zone, a.ended_at, f"{job.job_id}#{a.number}unhealthy"))
         if a.interrupted_at is not None and not a.moved:
             found.append(Reclaim(a.instance_type, a.zone, a.interrupted_at, f"{job.job_id}#{a.number}"))
         if a.regroup is not None and a.regroup.at != a.interrupted_at:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, instance_store_types
+from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, gpu_counts, instance_store_types
 from gpujobs.domain.job import Attempt, Job
 from gpujobs.domain.job_access import outputs_uri
 
@@ -98,6 +98,9 @@ class RunDocument(BaseModel):
     """The spec's `keep_on_failure`: after a failing exit (not 0, not 75) the bootstrap keeps the host up
     and the crashed container's filesystem, idle under its name, for `gpujobs shell` (`domain.keep`),
     powering off by itself this long (and a grace) later; 0: it powers off at once, as after any exit."""
+    gpu_counts: dict[str, int] = Field(default_factory=dict)
+    """The GPUs of each of the spec's types, from the packaged catalog: a node's GPU check expects
+    nvidia-smi to see them all (`gpujobs.instance.gpu_health`); a type left out is checked for `gpus_per_node`."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -188,5 +191,6 @@ def run_document(
         efa_instance_types=efa_instance_types(hardware or {}, instance_types=spec.instance_types, nodes=spec.nodes),
         instance_store_types=instance_store_types(hardware or {}, instance_types=spec.instance_types),
         keep_on_failure_seconds=int(keep.total_seconds()) if (keep := spec.keeps_on_failure) else 0,
+        gpu_counts=gpu_counts(hardware or {}, instance_types=spec.instance_types),
         **access,
     )

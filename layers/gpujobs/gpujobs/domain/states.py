@@ -77,6 +77,8 @@ class Reason(StrEnum):
     NODE_RECLAIMED = "node-reclaimed"
     NODE_REPLACED = "node-replaced"
     NO_ROOM_FOR_NODE = "no-room-for-node"
+    UNHEALTHY_NODE = "unhealthy-node"
+    HARDWARE_FAULT = "hardware-fault"
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,30 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(R, Q, Reason.DIED_AT_BOOT, "the instances died before the bootstrap's first report; relaunch"),
     Transition(
         R, JobState.FAILED, Reason.DIED_AT_BOOT, "instances died at boot in attempts in a row: launching is broken"
+    ),
+    Transition(
+        R,
+        Q,
+        Reason.UNHEALTHY_NODE,
+        "a node's GPU check failed before training: its gang is relaunched elsewhere, no attempt or interruption counted",
+    ),
+    Transition(
+        R,
+        JobState.FAILED,
+        Reason.UNHEALTHY_NODE,
+        "nodes failed their GPU check (or hit hardware faults) in attempts in a row: the pools are broken",
+    ),
+    Transition(
+        R,
+        Q,
+        Reason.HARDWARE_FAULT,
+        "the workload failed with new hardware XID errors on a node: relaunched elsewhere, not counted as a crash",
+    ),
+    Transition(
+        R,
+        JobState.FAILED,
+        Reason.HARDWARE_FAULT,
+        "hardware faults (or failed GPU checks) in attempts in a row: the pools are broken",
     ),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
     Transition(
@@ -266,7 +292,7 @@ STATE_MEANINGS: dict[JobState, str] = {
     JobState.SUCCEEDED: "Every node's container exited 0.",
     JobState.FAILED: (
         "Crashed more than max_attempts times, interrupted past its limit, its instances died at boot"
-        " attempt after attempt, or could never launch."
+        " (or failed their GPU checks) attempt after attempt, or could never launch."
     ),
     JobState.CANCELLED: "Cancelled by a user; its instances were terminated.",
     JobState.STOPPED: "Stopped by policy (idle GPUs, budget, runtime or cost cap) after a safe checkpoint.",

@@ -7,16 +7,19 @@ only through its 0600 `--env-file`, never argv nor the docker client's own envir
 field is ever parsed by a shell, shown by `ps` or read by the root docker client itself.
 
 Steps: run document (IMDSv2 user data, --user-data FILE, or an S3 pointer checked against its SHA-256)
--> instance facts (IMDS) -> rendezvous (rank 0's private IP is the master) -> the job role, assumed for
+-> instance facts (IMDS) -> this node's GPU check (`gpu_health.py`: a node that fails it reports
+"unhealthy-node" and never joins the gang) -> rendezvous (rank 0's private IP is the master) -> the job role, assumed for
 this attempt and served on loopback (IMDS blocked for the container) -> image pull -> for a replacement,
 wait (bounded) for the interrupted attempt to end -> secrets, read as the job -> this host's primary
 interface, checkpoint staging folder and EFA devices (`hardware.py`) -> workload (runtime
 `docker` or `process`; SIGTERM/SIGINT are forwarded; its output folder uploaded on request and at
 the end, `outputs.py`; a node whose workload stopped at another node's spot warning waits for the
 control plane to raise its generation, then rendezvous again with the gang's replacement and runs it
-once more: `_regroup`) -> "Job Exited" on the event bus -> `shutdown -h now`. With `keep_on_failure`, a
-workload that crashed (not 0, not 75, no signal) leaves its container's filesystem running idle under
-its name and the host up (`Runtime.keep_for_inspection`); the power-off is then scheduled after the keep.
+once more: `_regroup`; a workload that failed while new hardware XIDs were logged is reported as a
+hardware fault) -> "Job Exited" on the event bus -> `shutdown -h now`. With `keep_on_failure`, a
+workload that crashed (not 0, not 75, no signal, no hardware fault) leaves its container's filesystem
+running idle under its name and the host up (`Runtime.keep_for_inspection`); the power-off is then
+scheduled after the keep.
 With a `log_group` in the document, this log and the workload's output also go to CloudWatch Logs,
 one stream each per node (`contract.job_log_stream`); lines logged before the rendezvous names the
 node are kept and sent then, and a bootstrap that fails before it uses its launch index as the node.
@@ -43,11 +46,14 @@ from gpujobs.instance.cloudwatch_logs import LogShipper
 from gpujobs.instance.contract import (
     BOOTSTRAP_LOG_STREAM_SUFFIX,
     EXIT_BOOTSTRAP_FAILED,
+    EXIT_HARDWARE_FAULT,
     EXIT_PREEMPTED,
+    EXIT_UNHEALTHY_NODE,
     job_log_stream,
 )
 from gpujobs.instance.credentials import JobCredentials, instance_identity_signer
-from gpujobs.instance.errors import StoppedError
+from gpujobs.instance.errors import StoppedError, UnhealthyNodeError
+from gpujobs.instance.gpu_health import Xid, check_node, hardware_fault, kernel_log_xids
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
 from gpujobs.instance.hardware import EFA_DEVICE_GLOB, efa_devices, interface_addresses, interface_holding, staging_base
 from gpujobs.instance.hostagent import HostAgent
@@ -167,6 +173,7 @@ def _run(
     state["doc"] = doc
     state["region"] = doc["region"] or facts["region"]
     log(f"job {doc['job_id']} attempt {doc['attempt']} on {facts['instance_id']}")
+    _check_gpus(doc, facts["instance_type"])
     place = _rendezvous(args, clients, doc, facts)
     state["rank"] = place.rank
     if args.master_port is not None:
@@ -195,6 +202,7 @@ def _run(
     _use_efa(runtime, doc, facts["instance_type"])
     staging = runtime.staging_folder(staging_base(doc, facts["instance_type"]))
     interface = _primary_interface(facts["local_ipv4"])
+    xids_before = kernel_log_xids() if doc["gpus_per_node"] > 0 else []
     while True:
         env = container_env(
             doc,
@@ -217,18 +225,54 @@ def _run(
             runtime.send_output_to(
                 group=doc["log_group"], stream=_stream(doc, place), region=state["region"], clients=clients
             )
+    return _outcome(code, runtime, stopper=stopper, xids_before=xids_before, doc=doc, state=state)
+
+
+def _outcome(
+    code: int, runtime: Runtime, *, stopper: _Stopper, xids_before: list[Xid], doc: dict[str, Any], state: dict[str, Any]
+) -> tuple[int, str]:
+    """The node's exit code and message: a failure with new hardware XIDs is a hardware fault, and a
+    workload's exit with one of the bootstrap's hardware codes is reported as a crash (1). Sets
+    `state["kept_seconds"]` (`_keep_after_crash`)."""
     signalled = f" after signal {stopper.signum}" if stopper.signum else ""
+    fault = _hardware_fault(code, xids_before, stopper=stopper, gpus=doc["gpus_per_node"])
+    if fault is not None:
+        code, message = EXIT_HARDWARE_FAULT, f"workload exited with {code}: {fault}"
+    else:
+        if code in (EXIT_UNHEALTHY_NODE, EXIT_HARDWARE_FAULT):
+            log(f"the workload exited {code}, a code the bootstrap reserves for bad hardware: reported as 1")
+            code = 1
+        message = f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
     state["kept_seconds"] = _keep_after_crash(runtime, doc, code=code, signalled=bool(stopper.signum))
-    return code, f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
+    return code, message
 
 
 def _keep_after_crash(runtime: Runtime, doc: dict[str, Any], *, code: int, signalled: bool) -> int:
-    """With `keep_on_failure`, after a crash (not 0, not 75, no signal): what the workload left is kept
-    and the host stays up; the seconds it is kept for (0: it powers off at once, as after any exit)."""
-    if not doc["keep_on_failure_seconds"] or code in (0, EXIT_PREEMPTED) or signalled:
+    """With `keep_on_failure`, after a crash (not 0, not 75, no signal, not a hardware fault, whose host
+    is replaced anyway): what the workload left is kept and the host stays up; the seconds it is kept
+    for (0: it powers off at once, as after any exit)."""
+    if not doc["keep_on_failure_seconds"] or code in (0, EXIT_PREEMPTED, EXIT_HARDWARE_FAULT) or signalled:
         return 0
     log(f"the workload crashed (exit {code}): keep_on_failure keeps this host up for inspection")
     return int(doc["keep_on_failure_seconds"]) if runtime.keep_for_inspection(doc) else 0
+
+
+def _check_gpus(doc: dict[str, Any], instance_type: str) -> None:
+    """This node's GPU check (`gpu_health.check_node`) against the type's GPUs; raises when it fails."""
+    expected = doc["gpu_counts"].get(instance_type, doc["gpus_per_node"]) if doc["gpus_per_node"] > 0 else 0
+    health = check_node(expected_gpus=expected)
+    for note in health.notes:
+        log(f"GPU check: {note}")
+    if not health.ok:
+        raise UnhealthyNodeError(f"GPU check failed on {instance_type}: {health.summary()}")
+    log(f"GPU check passed ({expected} GPU(s) expected)" if expected else "GPU check: nothing to check")
+
+
+def _hardware_fault(code: int, before: list[Xid], *, stopper: _Stopper, gpus: int) -> str | None:
+    """For a workload that failed on its own (not 0, 75 or a signal): the new hardware XIDs, in words."""
+    if code in (0, EXIT_PREEMPTED) or stopper.signum or gpus <= 0:
+        return None
+    return hardware_fault(before)
 
 
 def _rendezvous(args: argparse.Namespace, clients: aws.Clients, doc: dict[str, Any], facts: dict[str, Any]) -> Place:
@@ -338,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         reason = "exited"
     except StoppedError as exc:
         code, reason, message = 128 + exc.signum, "bootstrap-failed", str(exc)
+    except UnhealthyNodeError as exc:
+        code, reason, message = EXIT_UNHEALTHY_NODE, "unhealthy-node", str(exc)
     except Exception as exc:  # every failure must still be reported
         code, reason, message = EXIT_BOOTSTRAP_FAILED, "bootstrap-failed", f"{type(exc).__name__}: {exc}"
     stopper.starting = True  # from here on a signal is only remembered: the exit must still be reported

@@ -50,6 +50,10 @@ def job_session_purpose(stack: str, job_id: str, attempt: int) -> str:
 
 EXIT_BOOTSTRAP_FAILED = 125
 """Exit code reported with reason "bootstrap-failed" when the workload could not be started."""
+EXIT_HARDWARE_FAULT = 121
+"""The workload failed and new hardware XID errors were logged while it ran (gpu_health.py)."""
+EXIT_UNHEALTHY_NODE = 122
+"""The node's GPU check failed before the workload started (gpu_health.py): replace this node."""
 EXIT_PREEMPTED = 75
 """The trainer's exit after a preemption's checkpoint committed (EX_TEMPFAIL): a survivor of another
 node's warning may regroup (bootstrap.py)."""

@@ -1,4 +1,5 @@
-"""How the bootstrap fails. Both errors end the bootstrap with a "bootstrap-failed" exit report."""
+"""How the bootstrap fails. The first two end it with a "bootstrap-failed" exit report, the last with
+an "unhealthy-node" one (`gpu_health.py`)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,7 @@ class StoppedError(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by signal {signum} before the workload started")
         self.signum = signum
+
+
+class UnhealthyNodeError(Exception):
+    """This node's GPU check failed before the workload started: reported with exit code 122 and what it found."""

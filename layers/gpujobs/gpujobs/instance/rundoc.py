@@ -60,6 +60,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "efa_instance_types": (list, []),
     "instance_store_types": (list, []),
     "keep_on_failure_seconds": (int, 0),
+    "gpu_counts": (dict, {}),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -130,6 +131,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
     if not all(isinstance(t, str) for t in doc["efa_instance_types"] + doc["instance_store_types"]):
         raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
+    if not all(isinstance(t, str) and type(n) is int and n >= 0 for t, n in doc["gpu_counts"].items()):
+        raise BootstrapError("gpu_counts must map instance type names to GPU counts")
     if doc["team"] and not TEAM_NAME.match(doc["team"]):
         raise BootstrapError(f"team {doc['team']!r} is not a team name")
     if not 0 <= doc["keep_on_failure_seconds"] <= MAX_KEEP_SECONDS:
