@@ -182,6 +182,7 @@ def test_the_trainer_signs_the_fields_the_control_plane_acts_on_under_its_scheme
     assert trainer_signing.SIGNED_EXTENSIONS == contract.REPORT_SIGNED_EXTENSIONS
     assert trainer_metrics.MAX_METRICS == contract.MAX_HEARTBEAT_METRICS
     assert trainer_metrics.METRIC_NAME_PATTERN == contract.METRIC_NAME_PATTERN
+    assert trainer_outputs.TB_SUBDIR + "/" == contract.TENSORBOARD_OUTPUTS
     assert trainer_signing.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
     assert trainer_signing.REPORT_KEY_ENV in contract.WORKLOAD_ENV
     assert trainer_signing.CHECKPOINT_KEY_ENV in contract.WORKLOAD_ENV

@@ -54,7 +54,7 @@ from gpujobs_trainer.errors import (
 )
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
-from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, upload_and_wait
+from gpujobs_trainer.outputs import OUTPUT_DIR_ENV, tensorboard_env, upload_and_wait
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
 
 log = logging.getLogger("gpujobs_trainer.launch")
@@ -355,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     env = dict(os.environ)
     try:
+        env.update(tensorboard_env(env))
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
         own = prepare(plan, env, Path.cwd())
         plan = replace(plan, command=expand_argv(plan.command, {**env, **(own.env if own else {})}))

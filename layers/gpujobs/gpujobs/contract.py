@@ -198,6 +198,11 @@ def outputs_prefix(job_id: str, *, team: str | None) -> str:
     return f"{OUTPUTS_PREFIX}{job_id}/" if team is None else f"{OUTPUTS_PREFIX}{team}/{job_id}/"
 
 
+TENSORBOARD_OUTPUTS = "tensorboard/"
+"""Where node 0's TensorBoard event files land under a job's outputs prefix: the trainer's launcher
+gives the workload `$GPUJOBS_TB_DIR` = this folder of its output folder; `gpujobs tensorboard` reads it."""
+
+
 # ---- events ----------------------------------------------------------------------------------
 CONTROL_PLANE_SOURCE = "gpujobs"
 """What the control plane publishes on the stack's bus."""
