@@ -24,7 +24,7 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import cast
 
-from gpujobs_cli import artifacts, bake, commands, dashboard, debug, doctor, drills, queue, shell
+from gpujobs_cli import artifacts, bake, commands, dashboard, debug, doctor, drills, queue, shell, training
 from gpujobs_cli.logs import parse_since
 from gpujobs_cli.resources import DEFAULT_STACK, ConfigError
 
@@ -108,6 +108,24 @@ _COMMANDS = {
         "examples:\n  gpujobs logs j-0123456789abcdef\n  gpujobs logs j-0123456789abcdef --follow\n"
         "  gpujobs logs j-0123456789abcdef --attempt 2 --node 1 --since 10m\n"
         "  gpujobs logs j-0123456789abcdef --json | jq -r .message",
+    ),
+    "metrics": (
+        "print the metrics a job's training reported",
+        "Print the series the control plane kept from the job's heartbeats: time, attempt, step, each\n"
+        "metric the script logged (run.log(loss=...) or step_done(metrics=...)) and the throughput,\n"
+        "oldest first. The record keeps the newest 60 points; a line says how many older ones went.\n"
+        "gpujobs status shows the newest while the job runs.",
+        "examples:\n  gpujobs metrics j-0123456789abcdef\n"
+        "  gpujobs metrics j-0123456789abcdef --json | jq '.points[] | [.step, .metrics.loss]'",
+    ),
+    "tensorboard": (
+        "download a job's TensorBoard files and serve them locally",
+        "Download the event files the job wrote under $GPUJOBS_TB_DIR (uploaded with its outputs:\n"
+        "when it ends, or when it calls run.save_outputs()) to DIR, then run 'tensorboard --logdir DIR'\n"
+        "if TensorBoard is installed; otherwise print the folder and how to install it.",
+        "examples:\n  gpujobs tensorboard j-0123456789abcdef\n"
+        "  gpujobs tensorboard j-0123456789abcdef --dir runs/j1 --port 6007\n"
+        "  gpujobs tensorboard j-0123456789abcdef --no-serve",
     ),
     "queue": (
         "show the jobs waiting for their team's GPU quota, in the order they will start",
@@ -282,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     made["list"].add_argument("--limit", type=_limit, default=50, metavar="N", help="at most N jobs (default 50)")
     made["list"].add_argument("--team", metavar="T", help="only team T's jobs")
     made["queue"].add_argument("--team", metavar="T", help="only team T's waiting jobs (their places stay overall)")
+    training.add_arguments(made)
     for name in ("validate", "submit", "status", "list", "cancel", "logs", "dashboard", "doctor", "queue", "quota"):
         made[name].add_argument("--json", action="store_true", help="print JSON instead of text")
     handlers = {
@@ -299,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         "debug": debug.cmd_debug,
         "doctor": doctor.cmd_doctor,
         "bake": bake.cmd_bake,
+        "metrics": training.cmd_metrics,
+        "tensorboard": training.cmd_tensorboard,
         "queue": queue.cmd_queue,
         "quota": queue.cmd_quota,
         "shell": shell.cmd_shell,

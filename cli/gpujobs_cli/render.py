@@ -125,9 +125,7 @@ def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = N
             else f"waiting for a checkpoint until {when(stop.deadline)}"
         )
         lines.append(f"stopping  {stop.reason.value}: {_opt(stop.detail)} ({progress})")
-    current = job.current_attempt
-    if current is not None and current.last_heartbeat_at is not None:
-        lines.append(f"progress  step {current.heartbeat_step} at {when(current.last_heartbeat_at)}")
+    lines += progress_lines(job)
     if job.problems:
         lines += ["", "problems:", *(f"  {printable(p)}" for p in job.problems)]
     if job.attempts:
@@ -190,6 +188,50 @@ def kept_line(job: Job, now: datetime) -> str | None:
         return f"kept      for inspection until {kept.until:%H:%M} UTC, billed (gpujobs shell/exec; cancel releases it)"
     how = "released by a cancel" if kept.released_at is not None and kept.released_at < kept.until else "over"
     return f"kept      for inspection until {when(kept.ends_at)}: {how}"
+
+
+def progress_lines(job: Job) -> list[str]:
+    """While an attempt trains: its newest step and, from its newest heartbeat that carried them,
+    the metrics the script logged and the throughput."""
+    current = job.current_attempt
+    if current is None or current.last_heartbeat_at is None:
+        return []
+    lines = [f"progress  step {current.heartbeat_step} at {when(current.last_heartbeat_at)}"]
+    point = job.progress.latest
+    if point is None or point.attempt != current.number:
+        return lines
+    if point.metrics:
+        values = "  ".join(f"{printable(name)} {value:.6g}" for name, value in point.metrics.items())
+        lines.append(f"metrics   {values}  (step {point.step})")
+    if point.steps_per_second is not None:
+        samples = f", {point.samples_per_second:.6g} samples/s" if point.samples_per_second is not None else ""
+        lines.append(f"speed     {point.steps_per_second:.3g} steps/s{samples}")
+    return lines
+
+
+def metric_series(job: Job) -> str:
+    """`gpujobs metrics`: one row per recorded point, a column per metric name, oldest first."""
+    points = job.progress.points
+    if not points:
+        return (
+            f"{job.job_id}: no metrics recorded (the script reports them with run.log(...) or step_done(metrics=...))"
+        )
+    names = list(dict.fromkeys(name for p in points for name in p.metrics))
+    rows = [
+        [
+            when(p.at),
+            str(p.attempt),
+            str(p.step),
+            *(f"{p.metrics[n]:.6g}" if n in p.metrics else "-" for n in names),
+            _opt(None if p.steps_per_second is None else f"{p.steps_per_second:.3g}"),
+            _opt(None if p.samples_per_second is None else f"{p.samples_per_second:.6g}"),
+        ]
+        for p in points
+    ]
+    text = table(["TIME", "ATTEMPT", "STEP", *(printable(n).upper() for n in names), "STEPS/S", "SAMPLES/S"], rows)
+    if job.progress.dropped:
+        text += f"\n({job.progress.dropped} older points not kept: the record keeps the newest {len(points)})"
+    return text
 
 
 def error_lines(job: Job) -> list[str]:

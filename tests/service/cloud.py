@@ -36,6 +36,7 @@ from gpujobs.domain.job_access import job_prefix
 from gpujobs.domain.launching import LEASE_MARGIN
 from gpujobs.domain.ledger import gpus_of, holds, truth, waits
 from gpujobs.domain.pools import reclaims_of
+from gpujobs.domain.progress import MAX_PROGRESS_POINTS
 from gpujobs.domain.quotas import QUOTA_ERROR_CODES
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import Capacity
@@ -382,7 +383,9 @@ class SimulatedCloud:
             "warning": reactions.spot_warning,
             "rebalance": reactions.rebalance,
             "idle": reactions.idle_alarm,
-            "heartbeat": lambda j, a, s: reactions.report(HeartbeatReport(job_id=j, attempt=a, step=s)),
+            "heartbeat": lambda j, a, s: reactions.report(
+                HeartbeatReport(job_id=j, attempt=a, step=s, metrics=(("loss", loss_at(s)),), steps_per_second=1.0)
+            ),
             "checkpoint": lambda j, a, s: reactions.report(
                 CheckpointReport(job_id=j, attempt=a, step=s, uri=f"s3://ckpt/{j}/step-{s:08d}")
             ),
@@ -603,6 +606,7 @@ class SimulatedCloud:
             if c > 1
         ]
         problems += self.leases_left_held
+        problems += _series_problems(jobs)
         problems += self.hangs_judged_wrongly
         problems += self._quota_waits_unexplained(jobs)
         problems += self._undeserved_boot_failures(jobs)
@@ -1123,3 +1127,34 @@ class SimulatedCloud:
             if silent and overdue and attempt.idle_detection_off_at is None:
                 return f"{silent} fed no GPU metric, yet the job was never told its idle detection is off"
         return None
+
+
+def loss_at(step: int) -> float:
+    """The loss every simulated trainer reports at `step`: a point's metrics must be its own step's."""
+    return 1.0 / (1 + step)
+
+
+def _series_problems(jobs: dict[str, Job]) -> list[str]:
+    """A job's progress series stays bounded, in the order it was recorded (one point per step of an
+    attempt, each attempt's steps rising), and each point carries the metrics of its own step."""
+    problems: list[str] = []
+    for job in jobs.values():
+        points = job.progress.points
+        if len(points) > MAX_PROGRESS_POINTS:
+            problems.append(f"{job.job_id}: {len(points)} progress points kept")
+        for number in {p.attempt for p in points}:
+            steps = [p.step for p in points if p.attempt == number]
+            if steps != sorted(set(steps)):
+                problems.append(f"{job.job_id}: attempt {number}'s points are at steps {steps}")
+        problems += [
+            f"{job.job_id}: step {p.step} recorded with the loss of another step"
+            for p in points
+            if p.metrics != {"loss": loss_at(p.step)}
+        ]
+        for attempt in job.attempts:
+            newest = max((p.step for p in points if p.attempt == attempt.number), default=None)
+            if newest is not None and newest != attempt.heartbeat_step:
+                problems.append(
+                    f"{job.job_id}: attempt {attempt.number} heartbeat at {attempt.heartbeat_step}, series at {newest}"
+                )
+    return problems

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from gpujobs.domain.budget import BudgetMode
+from gpujobs.domain.decisions import HEARTBEAT_RECORD_INTERVAL
 from gpujobs.domain.job import Market
 from gpujobs.domain.states import JobState, Reason
 from tests.service.cloud import (
@@ -196,9 +197,20 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
     # ---- trainers -----------------------------------------------------------------------------
     @rule(which=pick, by=st.integers(1, 50))
     def heartbeat(self, which: int, by: int) -> None:
+        """A heartbeat `by` steps on, carrying the loss (the invariant: the series stays bounded and
+        each point carries its own step's metrics)."""
         gang = self._gang(which)
         if gang:
             self.cloud.heartbeat(gang, by)
+
+    @rule(which=pick)
+    def busy_phase(self, which: int) -> None:
+        """A long evaluation: a record interval passes with no step boundary, and the gang's keep-alive
+        heartbeat repeats its step (its point is replaced, never added twice)."""
+        gang = self._gang(which)
+        if gang and self.cloud.steps.get(gang):  # a step it reached: the keep-alive repeats it
+            self.cloud.advance(HEARTBEAT_RECORD_INTERVAL, heartbeats=False)
+            self.cloud.heartbeat(gang, 0)
 
     @rule(which=pick)
     def checkpoint(self, which: int) -> None:

@@ -14,9 +14,11 @@ from datetime import timedelta
 import pytest
 
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
+from gpujobs.contract import MAX_HEARTBEAT_METRICS
 from gpujobs.domain.cost import billed_pools, cost_of, runtime_of
 from gpujobs.domain.job import MAX_DETAIL_CHARS, Job
 from gpujobs.domain.ladder import next_try_delay
+from gpujobs.domain.progress import MAX_PROGRESS_POINTS
 from gpujobs.domain.regroup import MAX_LEFT_KEPT
 from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.domain.states import JobState
@@ -221,3 +223,24 @@ def test_a_refused_record_is_an_error_the_reconciler_counts_each_tick_not_a_retr
 
     assert report.repairs["errors"] == 1
     assert len(saves) == 1  # refused once, not retried as if it were a lost race
+
+
+def test_a_week_of_heartbeats_with_every_metric_keeps_a_bounded_series_far_under_400_kb(world: World) -> None:
+    job_id = world.submit(spec(nodes=64, instance_types=["p4d.24xlarge"], gpus_per_node=8)).job.job_id
+    longest_names = [f"{'m' * 31}{i}" for i in range(MAX_HEARTBEAT_METRICS)]  # 32 characters, the most allowed
+
+    heartbeats = 7 * 24 * 12  # every five minutes for a week
+    for step in range(1, heartbeats + 1):
+        world.clock.advance(minutes=5)
+        metrics = tuple((name, 1 / (step + i + 7)) for i, name in enumerate(longest_names))  # 6+ digits each
+        world.reactions.report(
+            HeartbeatReport(
+                job_id=job_id, attempt=1, step=step, metrics=metrics, steps_per_second=1 / 3, samples_per_second=1 / 7
+            )
+        )
+
+    job = world.store.get(job_id)
+    assert len(job.progress.points) == MAX_PROGRESS_POINTS
+    assert job.progress.dropped == heartbeats - MAX_PROGRESS_POINTS
+    assert [p.step for p in job.progress.points] == list(range(heartbeats - MAX_PROGRESS_POINTS + 1, heartbeats + 1))
+    assert size_of(job) < FAR_UNDER

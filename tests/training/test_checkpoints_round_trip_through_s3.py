@@ -148,6 +148,20 @@ def test_the_trainer_reports_commits_heartbeats_and_exits_on_the_bus(preempted_o
         {"job_id": "job-test", "attempt": 2, "node_rank": 0, "exit_code": 0, "reason": "succeeded"},
     ]
     heartbeat = by_type["Training Heartbeat"][0]
-    assert set(heartbeat) == {"job_id", "attempt", "step", "steps_per_second", "samples_per_second", "time"}
+    assert set(heartbeat) == {"job_id", "attempt", "step", "steps_per_second", "samples_per_second", "metrics", "time"}
     assert heartbeat["steps_per_second"] > 0
     assert heartbeat["samples_per_second"] == pytest.approx(heartbeat["steps_per_second"] * 64, rel=1e-2)
+
+
+def test_rank_zeros_heartbeats_carry_the_loss_and_learning_rate_the_script_logged(
+    preempted_on_s3: PreemptedOnS3,
+) -> None:
+    # the digits script passes step_done(metrics={"loss": loss, "lr": ...}) on every rank of 2
+    beats = [e["detail"] for e in preempted_on_s3.events if e["detail-type"] == "Training Heartbeat"]
+    logged = [b["metrics"] for b in beats if b.get("busy") is None]
+
+    assert logged
+    assert all(set(m) == {"loss", "lr"} for m in logged)
+    assert all(0 < m["loss"] < 10 and 0 < m["lr"] <= 1 for m in logged)
+    assert len({m["loss"] for m in logged}) > 1  # the newest value at each heartbeat, not a constant
+    assert {b["attempt"] for b in beats} == {1, 2}  # the resumed run reports them too

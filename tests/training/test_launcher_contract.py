@@ -24,6 +24,7 @@ from gpujobs_trainer.launch import (
     torchrun_argv,
 )
 from gpujobs_trainer.outcome import JobOutcome, WorkerOutcome, decide_exit, read_outcomes, write_outcome
+from gpujobs_trainer.outputs import tensorboard_env
 
 COMMAND = ["python", "train.py", "--note", "a; rm -rf / $(whoami)"]
 
@@ -246,3 +247,14 @@ def test_a_reference_to_a_variable_the_job_does_not_have_is_a_configuration_erro
     )
     assert result.returncode == CONFIG_ERROR_EXIT_CODE
     assert "${GPUJOBS_NOPE}, which this job does not set" in result.stderr.splitlines()[-1]
+
+
+def test_the_workload_gets_a_tensorboard_folder_inside_its_uploaded_outputs(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+
+    given = tensorboard_env({"GPUJOBS_OUTPUT_DIR": str(outputs)})
+
+    assert given == {"GPUJOBS_TB_DIR": str(outputs / "tensorboard")}
+    assert (outputs / "tensorboard").is_dir()  # before the workload starts: a SummaryWriter may open it at once
+    assert expand_argv(["python", "train.py", "--logdir", "${GPUJOBS_TB_DIR}"], given)[-1] == given["GPUJOBS_TB_DIR"]
+    assert tensorboard_env({"GPUJOBS_TB_DIR": str(tmp_path / "mine")}) == {"GPUJOBS_TB_DIR": str(tmp_path / "mine")}

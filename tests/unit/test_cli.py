@@ -150,7 +150,10 @@ def test_schema_prints_the_models_json_schema(capsys: pytest.CaptureFixture[str]
     assert out.startswith('{\n  "')
 
 
-@pytest.mark.parametrize("command", [[], ["validate"], ["submit"], ["status"], ["list"], ["cancel"], ["schema"]])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["validate"], ["submit"], ["status"], ["list"], ["cancel"], ["schema"], ["metrics"], ["tensorboard"]],
+)
 def test_every_command_has_help_with_examples(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*command, "--help"]) == 0
 

@@ -29,6 +29,7 @@ from gpujobs_local.template import resources_of_type
 from gpujobs_trainer import errors as trainer_errors
 from gpujobs_trainer import events as trainer_events
 from gpujobs_trainer import layout as trainer_layout
+from gpujobs_trainer import metrics as trainer_metrics
 from gpujobs_trainer import outputs as trainer_outputs
 from gpujobs_trainer import signing as trainer_signing
 
@@ -41,6 +42,7 @@ COPIES = {
     "training_image/gpujobs_trainer/errors.py",
     "training_image/gpujobs_trainer/events.py",
     "training_image/gpujobs_trainer/layout.py",
+    "training_image/gpujobs_trainer/metrics.py",
     "training_image/gpujobs_trainer/outputs.py",
     "training_image/gpujobs_trainer/signing.py",
 }
@@ -180,6 +182,10 @@ def test_the_trainer_writes_checkpoints_in_the_layout_the_bootstrap_reads() -> N
 
 def test_the_trainer_signs_the_fields_the_control_plane_acts_on_under_its_scheme() -> None:
     assert trainer_signing.SIGNED_FIELDS == contract.REPORT_SIGNED_FIELDS
+    assert trainer_signing.SIGNED_EXTENSIONS == contract.REPORT_SIGNED_EXTENSIONS
+    assert trainer_metrics.MAX_METRICS == contract.MAX_HEARTBEAT_METRICS
+    assert trainer_metrics.METRIC_NAME_PATTERN == contract.METRIC_NAME_PATTERN
+    assert trainer_outputs.TB_SUBDIR + "/" == contract.TENSORBOARD_OUTPUTS
     assert trainer_signing.REPORT_SIGNATURE_SCHEME == contract.REPORT_SIGNATURE_SCHEME
     assert trainer_signing.REPORT_KEY_ENV in contract.WORKLOAD_ENV
     assert trainer_signing.CHECKPOINT_KEY_ENV in contract.WORKLOAD_ENV

@@ -69,6 +69,7 @@ EVERY_HANDLER = {
     # the store: its typed errors and DynamoDB's item size arithmetic
     "gpujobs.domain.values",
     "gpujobs.domain.attempts",
+    "gpujobs.domain.progress",  # the record's bounded series of training metrics (pure, ~50 lines)
     "gpujobs.domain.spec_parts",
     "gpujobs.service.store_errors",
     "gpujobs.adapters.item_size",

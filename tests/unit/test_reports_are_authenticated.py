@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from gpujobs import contract
+from gpujobs.adapters.inbound_reports import REPORT_MODELS
 from gpujobs.domain import report_auth
 from gpujobs.domain.report_auth import Proof, report_key, verify
+from gpujobs.domain.reports import HeartbeatReport
 from gpujobs.instance import signing as bootstrap_signing
 from gpujobs_trainer import signing as trainer_signing
 from gpujobs_trainer.events import EventBridgePublisher
@@ -155,3 +157,69 @@ def test_the_trainers_publisher_signs_every_report_with_the_key_from_its_environ
     now = datetime.fromtimestamp(detail["signed_at"], UTC)
     assert _verify(contract.CHECKPOINT_COMMITTED, detail, now=now) is Proof.VALID
     assert KEY.hex() not in entry["Detail"]
+
+
+HEARTBEAT_WITH_METRICS = {
+    **REPORTS[contract.TRAINING_HEARTBEAT],
+    "metrics": {"loss": 0.731, "lr": 0.0003},
+    "steps_per_second": 2.5,
+    "samples_per_second": 80.0,
+}
+
+
+def _verify_as_received(detail: dict[str, Any]) -> Proof:
+    """As the reports function does: the detail off the wire, parsed, then verified on the parsed values."""
+    model = REPORT_MODELS[contract.TRAINING_HEARTBEAT].model_validate_json(json.dumps(detail))
+    signed_report = model.signed()
+    return verify(
+        KEY,
+        contract.TRAINING_HEARTBEAT,
+        signed_report.report.signed_fields(),
+        signed_at=signed_report.signed_at,
+        signature=signed_report.signature,
+        now=NOW,
+    )
+
+
+def test_a_heartbeats_metrics_and_throughput_are_proven_as_the_control_plane_parses_them() -> None:
+    detail = trainer_signing.signed(KEY, contract.TRAINING_HEARTBEAT, dict(HEARTBEAT_WITH_METRICS), now=NOW.timestamp())
+
+    assert _verify_as_received(detail) is Proof.VALID
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"metrics": {"loss": 9.0, "lr": 0.0003}},
+        {"metrics": {"loss": 0.731, "lr": 0.0003, "acc": 1.0}},
+        {"metrics": {"loss": 0.731}},
+        {"steps_per_second": 250.0},
+        {"samples_per_second": 1.0},
+    ],
+)
+def test_changing_a_heartbeats_metrics_or_throughput_breaks_the_proof(forged: dict[str, object]) -> None:
+    detail = trainer_signing.signed(KEY, contract.TRAINING_HEARTBEAT, dict(HEARTBEAT_WITH_METRICS), now=NOW.timestamp())
+
+    assert _verify_as_received({**detail, **forged}) is Proof.MISMATCH
+
+
+def test_stripping_a_heartbeats_metrics_to_pass_it_off_as_an_older_trainers_breaks_the_proof() -> None:
+    detail = trainer_signing.signed(KEY, contract.TRAINING_HEARTBEAT, dict(HEARTBEAT_WITH_METRICS), now=NOW.timestamp())
+    stripped = {name: value for name, value in detail.items() if name != "metrics"}
+
+    assert _verify_as_received(stripped) is Proof.MISMATCH
+
+
+def test_an_older_trainers_heartbeat_is_proven_on_its_step_and_its_unsigned_rate_is_not_acted_on() -> None:
+    older = {**REPORTS[contract.TRAINING_HEARTBEAT], "steps_per_second": 2.5, "samples_per_second": 80.0}
+    signed_at = int(NOW.timestamp())
+    base = {name: older[name] for name in contract.REPORT_SIGNED_FIELDS[contract.TRAINING_HEARTBEAT]}
+    detail = {
+        **older,
+        "signed_at": signed_at,
+        "signature": report_auth.sign(KEY, contract.TRAINING_HEARTBEAT, base, signed_at=signed_at),
+    }
+
+    assert _verify_as_received(detail) is Proof.VALID
+    report = REPORT_MODELS[contract.TRAINING_HEARTBEAT].model_validate(detail).report()
+    assert report == HeartbeatReport(job_id=JOB, attempt=2, step=1150)

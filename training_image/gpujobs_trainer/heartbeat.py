@@ -10,6 +10,10 @@ recompile. Inside ``run.busy()`` a keep-alive thread goes on reporting every per
 unchanged and the block's label as ``busy``, so such a phase is not taken for a hang; the step
 boundary takes over again when the block ends.
 
+Every heartbeat carries the newest metrics the script reported (``run.log``, ``step_done(metrics=)``;
+`metrics` bounds them) and the rate: the control plane shows them in ``gpujobs status`` and keeps a
+bounded series for ``gpujobs metrics``. They are signed with the step (`signing.SIGNED_EXTENSIONS`).
+
 A keep-alive proves only that the process lives, so it is tied to a block that ends: a deadlock
 inside ``busy()`` would keep the job alive until its runtime cap. Wrap the long phase, never the
 training loop.
@@ -21,10 +25,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 
 from gpujobs_trainer.events import TRAINING_HEARTBEAT, Publisher
+from gpujobs_trainer.metrics import LatestMetrics
 
 log = logging.getLogger("gpujobs_trainer")
 
@@ -59,6 +64,14 @@ class Heartbeat:
         self._since = (clock(), 0)  # (when, step) of the last report: the rate is measured from there
         self._busy: list[str] = []
         self._keeper: tuple[threading.Thread, threading.Event] | None = None
+        self._metrics = LatestMetrics()
+
+    def record(self, metrics: Mapping[str, object]) -> None:
+        """Keep the newest value of each metric for the next heartbeat (a bad one is dropped, logged)."""
+        if not self._enabled or not metrics:
+            return  # other ranks keep nothing
+        with self._lock:
+            self._metrics.update(metrics)
 
     def restart_at(self, step: int) -> None:
         """Measure the rate from ``step`` now (a resumed run starts there)."""
@@ -116,6 +129,8 @@ class Heartbeat:
             self._publish(step, steps_per_second=0.0, busy=what)
 
     def _publish(self, step: int, *, steps_per_second: float, busy: str | None) -> None:
+        with self._lock:
+            metrics = self._metrics.snapshot()
         detail: dict[str, object] = {
             "job_id": self._job_id,
             "attempt": self._attempt,
@@ -124,6 +139,7 @@ class Heartbeat:
             "samples_per_second": (
                 round(steps_per_second * self._samples_per_step, 3) if self._samples_per_step else None
             ),
+            "metrics": metrics,
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if busy is not None:

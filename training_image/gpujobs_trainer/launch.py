@@ -57,7 +57,7 @@ from gpujobs_trainer.errors import (
 )
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
-from gpujobs_trainer.outputs import DEFAULT_OUTPUT_DIR, OUTPUT_DIR_ENV, upload_and_wait
+from gpujobs_trainer.outputs import DEFAULT_OUTPUT_DIR, OUTPUT_DIR_ENV, tensorboard_env, upload_and_wait
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
 from gpujobs_trainer.stack_dumps import Worker, dump_and_upload, nccl_flight_recorder_env, rank_of
 from gpujobs_trainer.torchrun_output import TorchrunStderr
@@ -390,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     env = dict(os.environ)
     try:
+        env.update(tensorboard_env(env))
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
         own = prepare(plan, env, Path.cwd())
         plan = replace(plan, command=expand_argv(plan.command, {**env, **(own.env if own else {})}))

@@ -8,6 +8,7 @@ cannot import the layer's contract); tests/unit/test_contract.py compares it wit
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -22,6 +23,20 @@ OUTPUT_UPLOAD_TAKEN_FILE = OUTPUT_UNSENT_PREFIX + "uploading"
 """The request while the bootstrap uploads; removed once the upload is done."""
 DEFAULT_OUTPUT_DIR = "outputs"
 """Relative to the working directory: where outputs go under a plain ``torchrun`` (nothing uploads them)."""
+TB_DIR_ENV = "GPUJOBS_TB_DIR"
+"""Where the workload writes TensorBoard event files: ``tensorboard/`` in the output folder, so they are
+uploaded with the outputs (``outputs/<team>/<job-id>/tensorboard/``) and ``gpujobs tensorboard`` serves them."""
+TB_SUBDIR = "tensorboard"
+
+
+def tensorboard_env(env: dict[str, str]) -> dict[str, str]:
+    """``$GPUJOBS_TB_DIR`` for the workload, the folder created (a value the job set itself is kept)."""
+    folder = Path(env.get(TB_DIR_ENV) or Path(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR) / TB_SUBDIR)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # the workload may still create it, or write no event files at all
+        logging.getLogger("gpujobs_trainer").warning("cannot create $%s %s: %s", TB_DIR_ENV, folder, exc)
+    return {TB_DIR_ENV: str(folder)}
 
 
 def request_upload(folder: Path) -> None:

@@ -152,12 +152,17 @@ class Run:
             skipped=skipped,
         )
 
-    def step_done(self, step: int, *, epoch: int = 0, offset: int = 0) -> bool:
-        """Record that ``step`` steps are complete and the data position to continue from.
+    def step_done(
+        self, step: int, *, epoch: int = 0, offset: int = 0, metrics: Mapping[str, object] | None = None
+    ) -> bool:
+        """Record that ``step`` steps are complete and the data position to continue from, and
+        ``metrics`` as ``log`` does.
 
         Returns True when training must stop now (preempted: the checkpoint is already
         committed); the script then calls ``finish()`` and exits with its code.
         """
+        if metrics:
+            self.heartbeat.record(metrics)
         with self._config_errors_exit():
             return self._step_done(step, epoch=epoch, offset=offset)
 
@@ -187,6 +192,13 @@ class Run:
             self._save("periodic")
         self.heartbeat.after_step(step)
         return False
+
+    def log(self, **metrics: object) -> None:
+        """Report metrics (``run.log(loss=loss, lr=lr)``): rank 0's next heartbeat carries the newest
+        value of each, shown by ``gpujobs status`` and kept for ``gpujobs metrics``. Floats or 0-d
+        tensors (a tensor's value is read on rank 0 only, once per call: a device sync), at most 8
+        names; a value that is not a finite number is dropped with a warning. Other ranks: a no-op."""
+        self.heartbeat.record(metrics)
 
     def busy(self, what: str = "busy") -> contextlib.AbstractContextManager[None]:
         """Mark a long phase between two step boundaries (an evaluation, a blocking save, a

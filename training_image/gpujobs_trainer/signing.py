@@ -30,10 +30,20 @@ SIGNED_FIELDS = {
     "Job Exited": ("job_id", "attempt", "exit_code", "instance_id", "node_rank"),
 }
 """Per detail-type, the fields the signature covers: the ones the control plane acts on."""
+SIGNED_EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "Training Heartbeat": ("metrics", "steps_per_second", "samples_per_second")
+}
+"""Covered too when the report carries the first of them (every heartbeat of this trainer does)."""
+
+
+def signed_field_names(detail_type: str, detail: Mapping[str, Any]) -> tuple[str, ...]:
+    extension = SIGNED_EXTENSIONS.get(detail_type, ())
+    carried = bool(extension) and detail.get(extension[0]) is not None
+    return SIGNED_FIELDS[detail_type] + (extension if carried else ())
 
 
 def canonical(detail_type: str, detail: Mapping[str, Any], *, signed_at: int) -> bytes:
-    signed = {name: detail.get(name) for name in SIGNED_FIELDS[detail_type]}
+    signed = {name: detail.get(name) for name in signed_field_names(detail_type, detail)}
     return json.dumps(
         [REPORT_SIGNATURE_SCHEME, detail_type, signed_at, signed], sort_keys=True, separators=(",", ":")
     ).encode()

@@ -16,6 +16,7 @@ a stray literal, so no copy can drift. Stdlib only, imported by every layer, imp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
 
 # ---- tags ----------------------------------------------------------------------------------
@@ -197,6 +198,11 @@ def outputs_prefix(job_id: str, *, team: str | None) -> str:
     return f"{OUTPUTS_PREFIX}{job_id}/" if team is None else f"{OUTPUTS_PREFIX}{team}/{job_id}/"
 
 
+TENSORBOARD_OUTPUTS = "tensorboard/"
+"""Where node 0's TensorBoard event files land under a job's outputs prefix: the trainer's launcher
+gives the workload `$GPUJOBS_TB_DIR` = this folder of its output folder; `gpujobs tensorboard` reads it."""
+
+
 # ---- events ----------------------------------------------------------------------------------
 CONTROL_PLANE_SOURCE = "gpujobs"
 """What the control plane publishes on the stack's bus."""
@@ -227,6 +233,25 @@ REPORT_SIGNED_FIELDS = {
     JOB_EXITED: ("job_id", "attempt", "exit_code", "instance_id", "node_rank"),
 }
 """Per detail-type, the fields the control plane acts on: each is covered by the signature."""
+REPORT_SIGNED_EXTENSIONS: dict[str, tuple[str, ...]] = {
+    TRAINING_HEARTBEAT: ("metrics", "steps_per_second", "samples_per_second")
+}
+"""Fields signed too when the report carries the first of them: a heartbeat from a trainer that
+reports metrics (every trainer since metrics exist sends ``metrics``, empty or not) signs its metrics
+and throughput; an older trainer's heartbeat proves its step alone, and its throughput is not recorded."""
+
+
+def report_signed_field_names(detail_type: str, detail: Mapping[str, object]) -> tuple[str, ...]:
+    """The fields of ``detail`` that its signature covers (`REPORT_SIGNED_EXTENSIONS`)."""
+    extension = REPORT_SIGNED_EXTENSIONS.get(detail_type, ())
+    carried = bool(extension) and detail.get(extension[0]) is not None
+    return REPORT_SIGNED_FIELDS[detail_type] + (extension if carried else ())
+
+
+MAX_HEARTBEAT_METRICS = 8
+"""The most metrics one heartbeat carries (the trainer keeps the first names it was given)."""
+METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,31}$"
+"""A metric's name: short, so a week of a job's metrics stays a small part of its record."""
 REPORT_PROOF_FIELDS = ("signed_at", "signature")
 """What a signed report adds to its detail: Unix seconds when signed, and the HMAC-SHA256 in hex."""
 

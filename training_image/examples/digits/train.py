@@ -121,7 +121,10 @@ def train(
                 )
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            if run.step_done(step, epoch=epoch, offset=offset):
+            # rank 0's heartbeats carry these (gpujobs status / metrics); the tensor is read only then
+            if run.step_done(
+                step, epoch=epoch, offset=offset, metrics={"loss": loss, "lr": scheduler.get_last_lr()[0]}
+            ):
                 return step
             if end_of_epoch:
                 break

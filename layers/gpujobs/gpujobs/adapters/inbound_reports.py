@@ -4,11 +4,18 @@ heartbeat, job exited), each becoming the domain's report type (`domain.reports`
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, FiniteFloat, StringConstraints
 
 from gpujobs.adapters.inbound import Detail
-from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT
+from gpujobs.contract import (
+    CHECKPOINT_COMMITTED,
+    JOB_EXITED,
+    MAX_HEARTBEAT_METRICS,
+    METRIC_NAME_PATTERN,
+    TRAINING_HEARTBEAT,
+)
 from gpujobs.domain.job import MAX_DETAIL_CHARS
 from gpujobs.domain.job_ids import JOB_ID
 from gpujobs.domain.reports import (
@@ -51,10 +58,27 @@ class CheckpointCommitted(_Report):
 
 
 class Heartbeat(_Report):
+    """A trainer's heartbeat. Its metrics are bounded as the trainer bounds them (a heartbeat that
+    passes the bounds was not sent by our trainer: it fails validation, ignored and counted)."""
+
     step: int = Field(ge=0)
+    metrics: dict[Annotated[str, StringConstraints(pattern=METRIC_NAME_PATTERN)], FiniteFloat] | None = Field(
+        default=None, max_length=MAX_HEARTBEAT_METRICS
+    )
+    steps_per_second: FiniteFloat | None = Field(default=None, ge=0)
+    samples_per_second: FiniteFloat | None = Field(default=None, ge=0)
 
     def report(self) -> Report:
-        return HeartbeatReport(job_id=self.job_id, attempt=self.attempt, step=self.step)
+        if self.metrics is None:  # an older trainer: its rate is not signed, so not acted on
+            return HeartbeatReport(job_id=self.job_id, attempt=self.attempt, step=self.step)
+        return HeartbeatReport(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            step=self.step,
+            metrics=tuple(self.metrics.items()),
+            steps_per_second=self.steps_per_second,
+            samples_per_second=self.samples_per_second,
+        )
 
 
 class JobExited(_Report):

@@ -46,6 +46,7 @@ from gpujobs.domain.fate import (
 )
 from gpujobs.domain.job import Attempt, Job, Market, StopRequest, cap_detail
 from gpujobs.domain.keep import keep_or_terminate
+from gpujobs.domain.progress import ProgressPoint
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport, Report
 from gpujobs.domain.spec import IdleAction
 from gpujobs.domain.states import JobState, Reason
@@ -169,6 +170,16 @@ def on_heartbeat(job: Job, report: HeartbeatReport, *, now: datetime) -> Decisio
         detail = f"heartbeat at step {step} within {interval.total_seconds():g}s of the one recorded"
         return Decision(Outcome.RATE_LIMITED, detail=detail, metrics={RATE_LIMITED_METRIC: 1})
     updated = job.with_attempt(record.model_copy(update={"last_heartbeat_at": now, "heartbeat_step": step}), now=now)
+    if report.metrics is not None:  # a trainer older than metrics signs neither them nor its rate
+        point = ProgressPoint(
+            at=now,
+            attempt=attempt,
+            step=step,
+            metrics=dict(report.metrics),
+            steps_per_second=report.steps_per_second,
+            samples_per_second=report.samples_per_second,
+        )
+        updated = updated.model_copy(update={"progress": updated.progress.with_point(point)})
     metrics = _resume_metrics(updated, attempt) if record.last_heartbeat_at is None else {}
     return Decision(Outcome.HEARTBEAT_RECORDED, updated, detail=f"heartbeat at step {step}", metrics=metrics)
 

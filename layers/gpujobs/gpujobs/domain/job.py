@@ -30,6 +30,7 @@ from gpujobs.domain.attempts import (
     Regroup,
     RetiredAttempts,
 )
+from gpujobs.domain.progress import Progress
 from gpujobs.domain.spec import JobSpec
 from gpujobs.domain.states import JobState, Reason, check_transition
 from gpujobs.domain.values import MAX_DETAIL_CHARS, Admission, Detail, Frozen, Ledgered, Market, cap_detail
@@ -120,6 +121,8 @@ class Job(Frozen):
     jobs once the reconciler enrolled them. Only counted jobs wait for admission or hold GPUs."""
     admission: Admission | None = None
     """Its share of its team's GPU quota, from admission until it ends or is preempted."""
+    progress: Progress = Progress()
+    """What its training reported as it ran: newest step, metrics and throughput, and a bounded series."""
     ledgered: Ledgered = Field(default_factory=Ledgered)
     """What the GPU ledger counts for this record as last written (`domain.ledger.change_of`)."""
     kept: Kept | None = None

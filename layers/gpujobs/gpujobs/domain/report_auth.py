@@ -17,7 +17,8 @@ canonical form of the report, under a key that only that attempt's instances hol
   the container cannot reach IMDS. The bootstrap signs its exit report and gives the key to the
   container as `GPUJOBS_REPORT_KEY`, whose trainer signs its reports with it.
 * **What is signed**: the scheme, the detail-type, the time of signing and exactly the fields the
-  control plane acts on (`contract.REPORT_SIGNED_FIELDS`), as compact JSON with sorted keys. The
+  control plane acts on (`contract.REPORT_SIGNED_FIELDS`, and a heartbeat's metrics and throughput
+  when it carries them: `contract.REPORT_SIGNED_EXTENSIONS`), as compact JSON with sorted keys. The
   verifier rebuilds that form from the *parsed* values it is about to act on, so a report cannot be
   verified on one value and acted on by another.
 * **Freshness.** A report signed longer ago than `REPORT_MAX_AGE` (or in the future beyond the
@@ -51,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from gpujobs.contract import REPORT_SIGNATURE_SCHEME, REPORT_SIGNED_FIELDS
+from gpujobs.contract import REPORT_SIGNATURE_SCHEME, report_signed_field_names
 
 REPORT_MAX_AGE = timedelta(minutes=65)
 """EventBridge's and Lambda's retry windows (MaximumEventAgeInSeconds: 3600) plus five minutes of skew."""
@@ -83,7 +84,7 @@ def checkpoint_key(stack_secret: bytes, *, job_id: str) -> bytes:
 
 def canonical(detail_type: str, fields: Mapping[str, object], *, signed_at: int) -> bytes:
     """The bytes that are signed: scheme, detail-type, signing time and the acted-on fields."""
-    signed = {name: fields.get(name) for name in REPORT_SIGNED_FIELDS[detail_type]}
+    signed = {name: fields.get(name) for name in report_signed_field_names(detail_type, fields)}
     return json.dumps(
         [REPORT_SIGNATURE_SCHEME, detail_type, signed_at, signed], sort_keys=True, separators=(",", ":")
     ).encode()

@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, REPORT_SIGNED_FIELDS, TRAINING_HEARTBEAT
+from gpujobs.contract import CHECKPOINT_COMMITTED, JOB_EXITED, TRAINING_HEARTBEAT, report_signed_field_names
 
 INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 """An EC2 instance id (the short 8-digit form is still seen on old accounts)."""
@@ -25,8 +25,11 @@ class _Report:
     attempt: int
 
     def signed_fields(self) -> dict[str, object]:
-        values = asdict(self)
-        return {name: values[name] for name in REPORT_SIGNED_FIELDS[self.DETAIL_TYPE]}
+        values = self._values()
+        return {name: values[name] for name in report_signed_field_names(self.DETAIL_TYPE, values)}
+
+    def _values(self) -> dict[str, object]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,16 @@ class HeartbeatReport(_Report):
     DETAIL_TYPE: ClassVar[str] = TRAINING_HEARTBEAT
 
     step: int
+    metrics: tuple[tuple[str, float], ...] | None = None
+    """The script's newest metrics, by name; None from a trainer older than metrics (whose
+    throughput is then unsigned, so not recorded)."""
+    steps_per_second: float | None = None
+    samples_per_second: float | None = None
+
+    def _values(self) -> dict[str, object]:
+        values = asdict(self)
+        values["metrics"] = None if self.metrics is None else dict(self.metrics)
+        return values
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,13 @@ def _run(
 
 
 def _outcome(
-    code: int, runtime: Runtime, *, stopper: _Stopper, xids_before: list[Xid], doc: dict[str, Any], state: dict[str, Any]
+    code: int,
+    runtime: Runtime,
+    *,
+    stopper: _Stopper,
+    xids_before: list[Xid],
+    doc: dict[str, Any],
+    state: dict[str, Any],
 ) -> tuple[int, str]:
     """The node's exit code and message: a failure with new hardware XIDs is a hardware fault, and a
     workload's exit with one of the bootstrap's hardware codes is reported as a crash (1). Sets
