@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -266,11 +266,7 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
     signal.signal(signal.SIGINT, forward_stop)
     signal.signal(signal.SIGUSR1, forward_checkpoint)
     signal.signal(signal.SIGUSR2, dump_stacks)
-    log.info("launching: %s", " ".join(argv))
-    proc = subprocess.Popen(argv, env=child_env, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    torchrun_stderr = TorchrunStderr(proc.stderr, sys.stderr.buffer, stop_asked=lambda: bool(stopped))
-    torchrun_stderr.start()
+    proc, torchrun_stderr = _start_torchrun(argv, child_env, stop_asked=lambda: bool(stopped))
     started.append(proc)
     if own is not None:
         own.started()
@@ -289,6 +285,18 @@ def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | No
         )
     log.info("torchrun exited %d; job outcome: %s (exit %d)", torchrun_code, outcome.reason, outcome.exit_code)
     return outcome
+
+
+def _start_torchrun(
+    argv: list[str], env: Mapping[str, str], *, stop_asked: Callable[[], bool]
+) -> tuple[subprocess.Popen[bytes], TorchrunStderr]:
+    """torchrun, started with its stderr passed through `TorchrunStderr`."""
+    log.info("launching: %s", " ".join(argv))
+    proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    stderr = TorchrunStderr(proc.stderr, sys.stderr.buffer, stop_asked=stop_asked)
+    stderr.start()
+    return proc, stderr
 
 
 def _wait(proc: subprocess.Popen[bytes], *, seconds: float) -> int | None:

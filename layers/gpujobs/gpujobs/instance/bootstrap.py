@@ -46,20 +46,20 @@ from gpujobs.instance.cloudwatch_logs import LogShipper
 from gpujobs.instance.contract import (
     BOOTSTRAP_LOG_STREAM_SUFFIX,
     EXIT_BOOTSTRAP_FAILED,
-    EXIT_HARDWARE_FAULT,
     EXIT_PREEMPTED,
     EXIT_UNHEALTHY_NODE,
     job_log_stream,
 )
 from gpujobs.instance.credentials import JobCredentials, instance_identity_signer
 from gpujobs.instance.errors import StoppedError, UnhealthyNodeError
-from gpujobs.instance.gpu_health import Xid, check_node, hardware_fault, kernel_log_xids
+from gpujobs.instance.gpu_health import kernel_log_xids
 from gpujobs.instance.handover import last_commit_by, wait_for_attempt
 from gpujobs.instance.hardware import EFA_DEVICE_GLOB, efa_devices, interface_addresses, interface_holding, staging_base
 from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.job_secrets import resolve_secrets
 from gpujobs.instance.log import SINKS, log
+from gpujobs.instance.node_outcome import check_gpus, node_outcome
 from gpujobs.instance.outputs import Outputs
 from gpujobs.instance.rendezvous import Place, rendezvous, wait_for_regroup
 from gpujobs.instance.report import exit_detail, publish_exit
@@ -173,7 +173,7 @@ def _run(
     state["doc"] = doc
     state["region"] = doc["region"] or facts["region"]
     log(f"job {doc['job_id']} attempt {doc['attempt']} on {facts['instance_id']}")
-    _check_gpus(doc, facts["instance_type"])
+    check_gpus(doc, facts["instance_type"])
     place = _rendezvous(args, clients, doc, facts)
     state["rank"] = place.rank
     if args.master_port is not None:
@@ -225,60 +225,10 @@ def _run(
             runtime.send_output_to(
                 group=doc["log_group"], stream=_stream(doc, place), region=state["region"], clients=clients
             )
-    return _outcome(code, runtime, stopper=stopper, xids_before=xids_before, doc=doc, state=state)
-
-
-def _outcome(
-    code: int,
-    runtime: Runtime,
-    *,
-    stopper: _Stopper,
-    xids_before: list[Xid],
-    doc: dict[str, Any],
-    state: dict[str, Any],
-) -> tuple[int, str]:
-    """The node's exit code and message: a failure with new hardware XIDs is a hardware fault, and a
-    workload's exit with one of the bootstrap's hardware codes is reported as a crash (1). Sets
-    `state["kept_seconds"]` (`_keep_after_crash`)."""
-    signalled = f" after signal {stopper.signum}" if stopper.signum else ""
-    fault = _hardware_fault(code, xids_before, stopper=stopper, gpus=doc["gpus_per_node"])
-    if fault is not None:
-        code, message = EXIT_HARDWARE_FAULT, f"workload exited with {code}: {fault}"
-    else:
-        if code in (EXIT_UNHEALTHY_NODE, EXIT_HARDWARE_FAULT):
-            log(f"the workload exited {code}, a code the bootstrap reserves for bad hardware: reported as 1")
-            code = 1
-        message = f"workload exited with {code}{signalled}" + (f": {runtime.last_line}" if code else "")
-    state["kept_seconds"] = _keep_after_crash(runtime, doc, code=code, signalled=bool(stopper.signum))
+    code, message, state["kept_seconds"] = node_outcome(
+        code, runtime, signum=stopper.signum, xids_before=xids_before, doc=doc
+    )
     return code, message
-
-
-def _keep_after_crash(runtime: Runtime, doc: dict[str, Any], *, code: int, signalled: bool) -> int:
-    """With `keep_on_failure`, after a crash (not 0, not 75, no signal, not a hardware fault, whose host
-    is replaced anyway): what the workload left is kept and the host stays up; the seconds it is kept
-    for (0: it powers off at once, as after any exit)."""
-    if not doc["keep_on_failure_seconds"] or code in (0, EXIT_PREEMPTED, EXIT_HARDWARE_FAULT) or signalled:
-        return 0
-    log(f"the workload crashed (exit {code}): keep_on_failure keeps this host up for inspection")
-    return int(doc["keep_on_failure_seconds"]) if runtime.keep_for_inspection(doc) else 0
-
-
-def _check_gpus(doc: dict[str, Any], instance_type: str) -> None:
-    """This node's GPU check (`gpu_health.check_node`) against the type's GPUs; raises when it fails."""
-    expected = doc["gpu_counts"].get(instance_type, doc["gpus_per_node"]) if doc["gpus_per_node"] > 0 else 0
-    health = check_node(expected_gpus=expected)
-    for note in health.notes:
-        log(f"GPU check: {note}")
-    if not health.ok:
-        raise UnhealthyNodeError(f"GPU check failed on {instance_type}: {health.summary()}")
-    log(f"GPU check passed ({expected} GPU(s) expected)" if expected else "GPU check: nothing to check")
-
-
-def _hardware_fault(code: int, before: list[Xid], *, stopper: _Stopper, gpus: int) -> str | None:
-    """For a workload that failed on its own (not 0, 75 or a signal): the new hardware XIDs, in words."""
-    if code in (0, EXIT_PREEMPTED) or stopper.signum or gpus <= 0:
-        return None
-    return hardware_fault(before)
 
 
 def _rendezvous(args: argparse.Namespace, clients: aws.Clients, doc: dict[str, Any], facts: dict[str, Any]) -> Place:
