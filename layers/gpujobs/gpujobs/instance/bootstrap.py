@@ -179,19 +179,7 @@ def _run(
     if args.master_port is not None:
         doc = {**doc, "master_port": args.master_port}
     runtime = _runtime(args, doc, place, region=state["region"], clients=clients, log_to=bootstrap_log)
-    job_clients: aws.Clients = clients
-    agent_env: dict[str, str] = {}
-    private: dict[str, str] = {}
-    if doc["job_role_arn"]:
-        job = JobCredentials(clients("lambda"), doc, sign=instance_identity_signer(state["region"]))
-        job_clients = job.clients(state["region"])
-        agent = HostAgent(job, imds).start()
-        agent_env, private = agent.workload_env()
-        if isinstance(runtime, DockerRuntime):
-            runtime.block_imds()
-        log(f"the workload gets the job role's credentials from {agent.endpoint}")
-    else:
-        log("the document names no job role: the workload runs with this instance's credentials")
+    job_clients, agent_env, private = _job_access(doc, clients, imds, runtime, region=state["region"])
     if isinstance(runtime, DockerRuntime) and doc["gpus_per_node"] > 0:  # the idle alarms' metric, during the pull
         state["gpu_metrics"] = GpuMetrics(state["region"]).start()
     runtime.prepare(doc, clients)
@@ -229,6 +217,22 @@ def _run(
         code, runtime, signum=stopper.signum, xids_before=xids_before, doc=doc
     )
     return code, message
+
+
+def _job_access(
+    doc: dict[str, Any], clients: aws.Clients, imds: Imds, runtime: Runtime, *, region: str
+) -> tuple[aws.Clients, dict[str, str], dict[str, str]]:
+    """The job role's clients, and the workload's environment (public, private) to reach its credentials."""
+    if not doc["job_role_arn"]:
+        log("the document names no job role: the workload runs with this instance's credentials")
+        return clients, {}, {}
+    job = JobCredentials(clients("lambda"), doc, sign=instance_identity_signer(region))
+    agent = HostAgent(job, imds).start()
+    agent_env, private = agent.workload_env()
+    if isinstance(runtime, DockerRuntime):
+        runtime.block_imds()
+    log(f"the workload gets the job role's credentials from {agent.endpoint}")
+    return job.clients(region), agent_env, private
 
 
 def _rendezvous(args: argparse.Namespace, clients: aws.Clients, doc: dict[str, Any], facts: dict[str, Any]) -> Place:
