@@ -54,6 +54,9 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "checkpoint_mode": (str, "gpujobs"),
     "code_uri": (str, ""),
     "code_sha256": (str, ""),
+    "setup": (list, []),
+    "requirements": (str, ""),
+    "venv_cache_uri": (str, ""),
     "trainer_env": (dict, {}),
     "efa_instance_types": (list, []),
     "instance_store_types": (list, []),
@@ -127,6 +130,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError(f"image {doc['image']!r} is not an image reference")
     if not all(isinstance(t, str) for t in doc["efa_instance_types"] + doc["instance_store_types"]):
         raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
+    if not all(isinstance(c, list) and c and all(isinstance(a, str) for a in c) for c in doc["setup"]):
+        raise BootstrapError("setup must be a list of commands, each a non-empty list of strings")
     if doc["team"] and not TEAM_NAME.match(doc["team"]):
         raise BootstrapError(f"team {doc['team']!r} is not a team name")
     if doc["wait_for_attempt"] is not None and not 0 <= doc["wait_for_attempt"] < doc["attempt"]:
