@@ -54,6 +54,8 @@ class ImageRecipe:
     workdir: PurePosixPath = field(default_factory=lambda: PurePosixPath("/"))
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    pip_requirements: tuple[Path, ...] = ()
+    """The build context's requirements files that `RUN pip install -r FILE` installs (`image_python`)."""
 
     def image_paths(self) -> tuple[PurePosixPath, ...]:
         """The image's own paths: below these, a path means the image's tree, not the host's."""
@@ -70,11 +72,12 @@ def read_dockerfile(dockerfile: Path, *, context: Path) -> ImageRecipe:
     workdir = PurePosixPath("/")
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    requirements: list[Path] = []
     for keyword, rest in _instructions(dockerfile.read_text(encoding="utf-8")):
         if "$" in rest and keyword in {"ENV", "COPY", "ADD", "WORKDIR"}:
             raise ImageError(f"{dockerfile}: {keyword} {rest!r} uses a variable; the local cloud does not expand them")
         if keyword == "FROM":  # a new stage: only the last one is the image
-            copies, env, workdir, entrypoint, cmd = [], {}, PurePosixPath("/"), (), ()
+            copies, env, workdir, entrypoint, cmd, requirements = [], {}, PurePosixPath("/"), (), (), []
         elif keyword == "ENV":
             env.update(_env_pairs(rest))
         elif keyword in {"COPY", "ADD"}:
@@ -85,7 +88,34 @@ def read_dockerfile(dockerfile: Path, *, context: Path) -> ImageRecipe:
             entrypoint = _exec_form(rest)
         elif keyword == "CMD":
             cmd = _exec_form(rest)
-    return ImageRecipe(copies=tuple(copies), env=env, workdir=workdir, entrypoint=entrypoint, cmd=cmd)
+        elif keyword == "RUN":
+            requirements += [_copied_from(copies, workdir / path) for path in _pip_requirement_files(rest)]
+    return ImageRecipe(
+        copies=tuple(copies),
+        env=env,
+        workdir=workdir,
+        entrypoint=entrypoint,
+        cmd=cmd,
+        pip_requirements=tuple(requirements),
+    )
+
+
+def _pip_requirement_files(run: str) -> list[str]:
+    """The files `pip install -r FILE` (or `--requirement FILE`) reads in one RUN line."""
+    words = shlex.split(run.replace("&&", " && "))
+    if "pip" not in words:
+        return []
+    return [words[i + 1] for i, word in enumerate(words[:-1]) if word in ("-r", "--requirement")]
+
+
+def _copied_from(copies: list[Copy], image_path: PurePosixPath) -> Path:
+    """The build context's file that a COPY put at `image_path`; ImageError when none did."""
+    for copy in reversed(copies):  # the last COPY to a path wins, as in the image
+        for source in copy.sources:
+            landed = copy.destination / source.name if copy.into_folder else copy.destination
+            if landed == image_path and source.is_file():
+                return source
+    raise ImageError(f"RUN pip install -r {image_path}: no COPY from the build context put a file there")
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
