@@ -5,8 +5,9 @@ command that uses the image's paths (`python /opt/gpujobs/examples/digits/train.
 bootstrap runs that image; here no image is built, so a local instance plays the image from its
 recipe instead: the Dockerfile's `COPY` lines (what lands where in the image's tree), `ENV`,
 `WORKDIR`, `ENTRYPOINT` and `CMD`, read from the file rather than copied into code, so the two
-cannot drift. `FROM` and `RUN` are not replayed: the base image and what `RUN` installs are this
-host's own Python environment (the one `make setup` builds with the image's pinned packages).
+cannot drift. `FROM` and `RUN` are not replayed: the image's Python is played by `image_python`,
+which sees only what the `RUN pip install -r FILE` lines install (`ImageRecipe.pip_requirements`;
+this host's environment has them at the image's pins, from `make setup`).
 
 `MappedImage` lays the image's tree under one instance's root folder and translates the image's
 absolute paths (every `COPY` destination, the `WORKDIR` and the absolute paths `ENV` sets, and
