@@ -172,3 +172,13 @@ def test_a_requirements_file_missing_from_the_code_is_a_configuration_error(tmp_
 
     assert result.returncode == CONFIG_ERROR_EXIT_CODE
     assert "requirements: 'requirements/train.txt' is not a file of the job's code" in result.stderr
+
+
+def test_requirements_pip_cannot_install_end_the_attempt_naming_the_file_and_pips_exit_code(
+    tmp_path: Path, code: Path
+) -> None:
+    """A package no index or wheel folder has: pip's own output says which; the last line says what failed."""
+    offline_requirements(code / "requirements.txt", wheels=tmp_path / "wheels", packages=["tinypkg==9.9"])
+
+    with pytest.raises(SetupFailedError, match=r"^requirements: pip install -r requirements.txt exited 1 "):
+        prepare_venv(launcher_env(tmp_path, GPUJOBS_REQUIREMENTS="requirements.txt"), code)

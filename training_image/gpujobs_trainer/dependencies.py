@@ -118,11 +118,11 @@ def site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def pip_install(venv: Path, requirements: Path, *, run: Runner = subprocess.run) -> None:
+def pip_install(venv: Path, requirements: Path, env: Mapping[str, str], *, run: Runner = subprocess.run) -> None:
     """The image's pip, run by the venv's python, installs into the venv; SetupFailedError when it fails."""
     argv = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "-r", str(requirements)]
     log.info("installing %s into %s", requirements.name, venv)
-    result = run(argv, check=False, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    result = run(argv, check=False, env={**activated(env, venv), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if result.returncode != 0:
         raise SetupFailedError(
             f"requirements: pip install -r {requirements.name} exited {result.returncode} (its output is above)"
@@ -230,7 +230,7 @@ def prepare_venv(env: Mapping[str, str], workdir: Path, *, s3: Any = None, run: 
                 log.warning("cached venv %s unusable (%s): installing", key[:16], exc)
                 shutil.rmtree(venv, ignore_errors=True)
                 create_venv(venv, run=run)
-        pip_install(venv, requirements, run=run)
+        pip_install(venv, requirements, env, run=run)
         if cache is not None:
             pack(venv, archive)
             cache.put(key, archive)
