@@ -182,3 +182,16 @@ def test_requirements_pip_cannot_install_end_the_attempt_naming_the_file_and_pip
 
     with pytest.raises(SetupFailedError, match=r"^requirements: pip install -r requirements.txt exited 1 "):
         prepare_venv(launcher_env(tmp_path, GPUJOBS_REQUIREMENTS="requirements.txt"), code)
+
+
+def test_a_checkpoint_request_during_setup_does_not_kill_the_launcher(tmp_path: Path) -> None:
+    """SIGUSR1 ("checkpoint now") may come while a long setup runs: there is nothing to save yet,
+    and the launcher goes on to the command (a setup step sends it to the launcher itself)."""
+    asks = "import os, signal; os.kill(os.getppid(), signal.SIGUSR1); print('asked')"
+    env = launcher_env(tmp_path, GPUJOBS_SETUP=json.dumps([["python", "-c", asks]]))
+
+    result = launch(tmp_path, env, "python", "-c", "open('trained', 'w').close()")
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "asked" in result.stdout
+    assert (tmp_path / "trained").exists()

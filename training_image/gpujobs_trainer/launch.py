@@ -358,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         return 0
     env = dict(os.environ)
+    # "Checkpoint now" before torchrun starts has nothing to save; its default action would kill the
+    # launcher in the middle of a long `requirements:` install or `setup:` (`run` installs the handler).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
         own = prepare(plan, env, Path.cwd())
