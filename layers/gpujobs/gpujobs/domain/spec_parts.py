@@ -157,7 +157,9 @@ def _a_list_of_commands(commands: object) -> object:
 
 SetupCommand = Annotated[str | list[str], BeforeValidator(_one_setup_command)]
 """One `setup:` command: an argv list run as is, or a string run by `/bin/sh -c` in the container."""
-SetupCommands = Annotated[list[SetupCommand], BeforeValidator(_a_list_of_commands)]
+SetupCommands = Annotated[
+    list[SetupCommand], BeforeValidator(_a_list_of_commands), Field(max_length=MAX_SETUP_COMMANDS)
+]
 
 
 def setup_argv(command: str | list[str]) -> list[str]:
