@@ -119,14 +119,14 @@ def site_packages(venv: Path) -> Path:
 
 
 def pip_install(venv: Path, requirements: Path, env: Mapping[str, str], *, run: Runner = subprocess.run) -> None:
-    """The image's pip, run by the venv's python, installs into the venv; SetupFailedError when it fails."""
+    """The image's pip, run by the venv's python, installs into the venv; SetupFailedError when it
+    fails. It runs in the working directory, so relative paths in the file are the code's."""
     argv = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "-r", str(requirements)]
-    log.info("installing %s into %s", requirements.name, venv)
+    shown = env.get(REQUIREMENTS_ENV, requirements.name)
+    log.info("installing %s into %s", shown, venv)
     result = run(argv, check=False, env={**activated(env, venv), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if result.returncode != 0:
-        raise SetupFailedError(
-            f"requirements: pip install -r {requirements.name} exited {result.returncode} (its output is above)"
-        )
+        raise SetupFailedError(f"requirements: pip install -r {shown} exited {result.returncode} (its output is above)")
 
 
 def pack(venv: Path, archive: Path) -> None:
