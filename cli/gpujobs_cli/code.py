@@ -45,6 +45,8 @@ class PackedCode:
     data: bytes
     sha256: str
     files: int
+    names: frozenset[str] = frozenset()
+    """The regular files packed, as relative POSIX paths (what the spec's `requirements:` may name)."""
 
 
 def _excluded(relative: PurePosixPath, patterns: tuple[str, ...]) -> bool:
@@ -95,6 +97,7 @@ def pack(folder: Path) -> PackedCode:
         raise CodePackError(f"code: {folder} is not a folder")
     raw = io.BytesIO()
     files = 0
+    names = set()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for relative, path in _entries(folder):
             info = tarfile.TarInfo(relative.as_posix())
@@ -107,12 +110,13 @@ def pack(folder: Path) -> PackedCode:
             with open(path, "rb") as handle:
                 tar.addfile(info, handle)
             files += 1
+            names.add(relative.as_posix())
             if raw.tell() > MAX_CODE_BYTES:
                 raise CodePackError(f"code: {folder} is over {MAX_CODE_BYTES // 2**20} MiB; put data in a bucket")
     data = gzip.compress(raw.getvalue(), mtime=0)
     if len(data) > MAX_CODE_BYTES:
         raise CodePackError(f"code: {folder} packs to {len(data)} bytes, over {MAX_CODE_BYTES // 2**20} MiB")
-    return PackedCode(data=data, sha256=hashlib.sha256(data).hexdigest(), files=files)
+    return PackedCode(data=data, sha256=hashlib.sha256(data).hexdigest(), files=files, names=frozenset(names))
 
 
 def code_key(job_id: str, sha256: str) -> str:

@@ -105,7 +105,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             )
         document = spec.model_dump(mode="json", exclude_unset=True)
         document["client_token"] = spec.client_token or args.client_token or uuid.uuid4().hex
-        packed = _pack_local_code(label, spec.code)
+        packed = _pack_local_code(label, spec)
         spec = validate_spec(
             document, allowed_instance_types=args.allowed_instance_types, local_code=True, **type_checks(args.region)
         )
@@ -174,12 +174,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_FAILED if job.state in UNSUCCESSFUL_ENDS else EXIT_OK
 
 
-def _pack_local_code(label: str, code_field: str | None) -> code.PackedCode | None:
-    """The spec's `code:` folder packed (relative to the spec file's folder), or None for S3 code."""
-    if code_field is None or code_field.startswith("s3://"):
+def _pack_local_code(label: str, spec: JobSpec) -> code.PackedCode | None:
+    """The spec's `code:` folder packed (relative to the spec file's folder), or None for S3 code;
+    CodePackError also when the `requirements:` file is not among what was packed."""
+    if spec.code is None or spec.code.startswith("s3://"):
         return None
     base = Path.cwd() if label == "<stdin>" else Path(label).resolve().parent
-    return code.pack(base / Path(code_field).expanduser())
+    packed = code.pack(base / Path(spec.code).expanduser())
+    if spec.requirements and spec.requirements not in packed.names:
+        raise CodePackError(f"requirements: {spec.requirements!r} is not a file packed from code: {spec.code}")
+    return packed
 
 
 def _needs_launcher(spec: JobSpec) -> bool:

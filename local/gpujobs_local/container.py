@@ -5,7 +5,8 @@ the image's entrypoint (`exec`), so it keeps the pid the runtime signals, as a c
 does. Before that, like a container runtime, it lays the image's tree under DIR (the instance's own
 filesystem, `images.MappedImage`), starts in its `WORKDIR`, puts the image's `ENV` under the
 environment it was given (which wins, as `docker run -e` does), and translates the image's paths in
-the entrypoint, the command and the environment.
+the entrypoint, the command and the environment. Its `python` is the image's (`image_python`):
+the packages the Dockerfile installs, not the rest of this host's environment.
 
 Failures exit as `docker run` does, with one line on stderr that the bootstrap's exit report
 quotes: 125 when the image cannot be run here, 127 when the program is not found, 126 when it
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpujobs_local.image_python import image_python
 from gpujobs_local.images import IMAGES, ImageCatalog, ImageError, MappedImage
 
 EXIT_CANNOT_RUN = 125
@@ -48,6 +50,11 @@ def container_env(image: MappedImage, given: Mapping[str, str]) -> dict[str, str
     return {name: image.translate(value) for name, value in merged.items()}
 
 
+def with_image_python(env: Mapping[str, str], venv: Path) -> dict[str, str]:
+    """`env` with the image's Python (`image_python`) first on PATH, as /usr/local/bin is in the image."""
+    return {**env, "PATH": os.pathsep.join([str(venv / "bin"), env.get("PATH", os.defpath)]), "VIRTUAL_ENV": str(venv)}
+
+
 def resolve(program: str, env: Mapping[str, str]) -> str:
     """The file `program` names, found as exec does (PATH for a bare name), or ExecError."""
     if "/" not in program:
@@ -69,7 +76,7 @@ def run(root: Path, image_ref: str, command: Sequence[str], *, catalog: ImageCat
         image = MappedImage(recipe=catalog.recipe(image_ref), root=root)
         image.lay_out()
         argv = container_argv(image, command)
-        env = container_env(image, os.environ)
+        env = with_image_python(container_env(image, os.environ), image_python(root, image.recipe.pip_requirements))
         if not argv:
             raise ExecError(EXIT_CANNOT_RUN, f"image {image_ref!r} has no ENTRYPOINT or CMD and no command was given")
         os.chdir(image.host_path(image.recipe.workdir))  # first: a relative program is found from there

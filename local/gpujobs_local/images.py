@@ -5,8 +5,9 @@ command that uses the image's paths (`python /opt/gpujobs/examples/digits/train.
 bootstrap runs that image; here no image is built, so a local instance plays the image from its
 recipe instead: the Dockerfile's `COPY` lines (what lands where in the image's tree), `ENV`,
 `WORKDIR`, `ENTRYPOINT` and `CMD`, read from the file rather than copied into code, so the two
-cannot drift. `FROM` and `RUN` are not replayed: the base image and what `RUN` installs are this
-host's own Python environment (the one `make setup` builds with the image's pinned packages).
+cannot drift. `FROM` and `RUN` are not replayed: the image's Python is played by `image_python`,
+which sees only what the `RUN pip install -r FILE` lines install (`ImageRecipe.pip_requirements`;
+this host's environment has them at the image's pins, from `make setup`).
 
 `MappedImage` lays the image's tree under one instance's root folder and translates the image's
 absolute paths (every `COPY` destination, the `WORKDIR` and the absolute paths `ENV` sets, and
@@ -54,6 +55,8 @@ class ImageRecipe:
     workdir: PurePosixPath = field(default_factory=lambda: PurePosixPath("/"))
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    pip_requirements: tuple[Path, ...] = ()
+    """The build context's requirements files that `RUN pip install -r FILE` installs (`image_python`)."""
 
     def image_paths(self) -> tuple[PurePosixPath, ...]:
         """The image's own paths: below these, a path means the image's tree, not the host's."""
@@ -70,11 +73,12 @@ def read_dockerfile(dockerfile: Path, *, context: Path) -> ImageRecipe:
     workdir = PurePosixPath("/")
     entrypoint: tuple[str, ...] = ()
     cmd: tuple[str, ...] = ()
+    requirements: list[Path] = []
     for keyword, rest in _instructions(dockerfile.read_text(encoding="utf-8")):
         if "$" in rest and keyword in {"ENV", "COPY", "ADD", "WORKDIR"}:
             raise ImageError(f"{dockerfile}: {keyword} {rest!r} uses a variable; the local cloud does not expand them")
         if keyword == "FROM":  # a new stage: only the last one is the image
-            copies, env, workdir, entrypoint, cmd = [], {}, PurePosixPath("/"), (), ()
+            copies, env, workdir, entrypoint, cmd, requirements = [], {}, PurePosixPath("/"), (), (), []
         elif keyword == "ENV":
             env.update(_env_pairs(rest))
         elif keyword in {"COPY", "ADD"}:
@@ -85,7 +89,34 @@ def read_dockerfile(dockerfile: Path, *, context: Path) -> ImageRecipe:
             entrypoint = _exec_form(rest)
         elif keyword == "CMD":
             cmd = _exec_form(rest)
-    return ImageRecipe(copies=tuple(copies), env=env, workdir=workdir, entrypoint=entrypoint, cmd=cmd)
+        elif keyword == "RUN":
+            requirements += [_copied_from(copies, workdir / path) for path in _pip_requirement_files(rest)]
+    return ImageRecipe(
+        copies=tuple(copies),
+        env=env,
+        workdir=workdir,
+        entrypoint=entrypoint,
+        cmd=cmd,
+        pip_requirements=tuple(requirements),
+    )
+
+
+def _pip_requirement_files(run: str) -> list[str]:
+    """The files `pip install -r FILE` (or `--requirement FILE`) reads in one RUN line."""
+    words = shlex.split(run.replace("&&", " && "))
+    if "pip" not in words:
+        return []
+    return [words[i + 1] for i, word in enumerate(words[:-1]) if word in ("-r", "--requirement")]
+
+
+def _copied_from(copies: list[Copy], image_path: PurePosixPath) -> Path:
+    """The build context's file that a COPY put at `image_path`; ImageError when none did."""
+    for copy in reversed(copies):  # the last COPY to a path wins, as in the image
+        for source in copy.sources:
+            landed = copy.destination / source.name if copy.into_folder else copy.destination
+            if landed == image_path and source.is_file():
+                return source
+    raise ImageError(f"RUN pip install -r {image_path}: no COPY from the build context put a file there")
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:

@@ -36,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.decisions import HEARTBEAT_RECORD_INTERVAL
 from gpujobs.domain.job import Market
+from gpujobs.domain.spec_parts import setup_argv
 from gpujobs.domain.states import JobState, Reason
 from tests.service.cloud import (
     CONFIG_ERROR_CODES,
@@ -65,6 +66,14 @@ SPECS: tuple[dict[str, Any], ...] = (
     spec(nodes=3, capacity="spot", team="ml", idle={"action": "ignore"}),
     spec(keep_on_failure="30m", max_attempts=2, team="ml"),
     spec(nodes=2, keep_on_failure="1h", max_attempts=1, capacity="on-demand"),
+    spec(
+        code="s3://code-bucket/ml/train.tar.gz",
+        code_sha256="0" * 64,
+        requirements="requirements.txt",
+        team="ml",
+        setup=["nvidia-smi -L", ["python", "-m", "pip", "list"]],
+        nodes=2,
+    ),
     {"name": "Not A Name", "image": "x", "command": []},
 )
 POOLS = tuple(
@@ -94,6 +103,7 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         super().__init__()
         self.cloud = SimulatedCloud()
         self.messages: dict[str, str] = {}
+        self.launches_checked = 0
 
     # ---- submissions and cancels ------------------------------------------------------------------
     @initialize(
@@ -334,6 +344,25 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
     def nothing_is_broken(self) -> None:
         problems = self.cloud.violations()
         assert not problems, "\n".join(problems)
+
+    @invariant()
+    def every_launch_carries_its_jobs_dependencies(self) -> None:
+        """Every instance, first or replacement, is told its job's setup: and requirements:, and caches
+        the requirements' venv under its own job's prefix only, never another job's (issue 22)."""
+        jobs = {job.job_id: job.require_spec() for job in self.cloud.jobs() if job.spec is not None}
+        calls = self.cloud.world.compute.calls
+        for request in calls[self.launches_checked :]:
+            doc = json.loads(request.user_data)
+            spec = jobs.get(request.job_id)
+            if spec is None or "run_document_uri" in doc:  # an offloaded document is checked where it is read
+                continue
+            assert doc["setup"] == [setup_argv(command) for command in spec.setup], request.job_id
+            assert doc["requirements"] == (spec.requirements or "")
+            own_cache = doc["venv_cache_uri"].startswith("s3://") and doc["venv_cache_uri"].endswith(
+                f"/jobs/{request.job_id}/venvs"
+            )
+            assert own_cache if spec.requirements else doc["venv_cache_uri"] == "", doc["venv_cache_uri"]
+        self.launches_checked = len(calls)
 
     def teardown(self) -> None:
         self.cloud.quiet()

@@ -67,3 +67,35 @@ def test_a_folder_over_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "src" / "weights.bin").write_bytes(bytes(range(256)) * 64)
     with pytest.raises(CodePackError, match="put data in a bucket"):
         pack(tmp_path / "src")
+
+
+def test_submit_refuses_requirements_that_are_not_in_the_packed_code_before_anything_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in `requirements:` (or a file .gpujobsignore leaves out) would fail only on the
+    instances, after their launch: submit says so first, naming the field, and sends nothing."""
+    from gpujobs_cli import commands
+    from gpujobs_cli.main import main
+
+    def no_aws(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("nothing may be uploaded or sent")
+
+    monkeypatch.setattr(commands, "_discover", no_aws)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "src" / "requirements.txt").write_text("einops\n")
+    (tmp_path / "src" / ".gpujobsignore").write_text("requirements.txt\n")
+    spec = {
+        "name": "acc",
+        "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpujobs-train:latest",
+        "command": ["python", "train.py"],
+        "instance_types": ["g5.xlarge"],
+        "code": "./src",
+        "requirements": "requirements.txt",
+    }
+    (tmp_path / "job.json").write_text(json.dumps(spec))
+
+    assert main(["submit", str(tmp_path / "job.json")]) == 1
+    assert "requirements: 'requirements.txt' is not a file packed from code: ./src" in capsys.readouterr().err
+
+    assert pack(tmp_path / "src").names == {"train.py"}

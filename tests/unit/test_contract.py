@@ -123,6 +123,9 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         "checkpoint_mode": "directory",
         "code_uri": "s3://bucket/jobs/j-0123456789abcdef/code/0.tar.gz",
         "code_sha256": "0" * 64,
+        "setup": [["/bin/sh", "-c", "nvidia-smi"]],
+        "requirements": "requirements.txt",
+        "venv_cache_uri": "s3://bucket/jobs/j-0123456789abcdef/venvs",
         # Every trainer setting differs from its default, so each travels as its variable.
         "trainer_env": TrainerSettings(
             collective_timeout_seconds=600,

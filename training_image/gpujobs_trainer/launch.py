@@ -22,7 +22,8 @@ that stopped at a warning (75) leaves the report to the bootstrap, which may sta
 gang regroups around a reclaimed node's replacement (`regroup_may_follow`).
 
 Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
-working directory (`code_archive`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
+working directory (`code_archive`), its ``requirements:`` installed into a cached venv layered on
+the image and its ``setup:`` commands run (`dependencies`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
 ``directory`` or ``none``) get their checkpoint folder, its sync and their exit code from
 `script_checkpoints`, and never SIGUSR1; node 0's launcher reports their progress (each sync, and
 a heartbeat while the script runs), which such a script cannot do itself.
@@ -45,7 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
-from gpujobs_trainer import code_archive
+from gpujobs_trainer import code_archive, dependencies
 from gpujobs_trainer.errors import (
     COMMAND_NOT_EXECUTABLE_EXIT_CODE,
     COMMAND_NOT_FOUND_EXIT_CODE,
@@ -219,14 +220,17 @@ def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
     return children
 
 
-def run(plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | None = None) -> JobOutcome:
-    """Run torchrun to its end; ``own``: the checkpoint folder of a script without the library."""
+def run(
+    plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | None = None, python: str = sys.executable
+) -> JobOutcome:
+    """Run torchrun (with ``python``: the job's venv's, `dependencies`) to its end; ``own``: the
+    checkpoint folder of a script without the library."""
     outcome_dir = Path(tempfile.mkdtemp(prefix="gpujobs-outcome-"))
     child_env = {**env, "GPUJOBS_OUTCOME_DIR": str(outcome_dir), "GPUJOBS_NODE_RANK": str(plan.node_rank)}
     child_env.update(own.env if own is not None else {})
     stacks_dir = Path(tempfile.mkdtemp(prefix="gpujobs-stacks-"))
     child_env.update(nccl_flight_recorder_env(env, stacks_dir))
-    argv = torchrun_argv(plan)
+    argv = torchrun_argv(plan, python=python)
     started: list[subprocess.Popen[bytes]] = []
     stopped: list[str] = []
 
@@ -397,10 +401,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         return 0
     env = dict(os.environ)
+    # "Checkpoint now" before torchrun starts has nothing to save; its default action would kill the
+    # launcher in the middle of a long `requirements:` install or `setup:` (`run` installs the handler).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         env.update(tensorboard_env(env))
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
         own = prepare(plan, env, Path.cwd())
+        env, python = dependencies.make_ready(env, Path.cwd(), setup_env=own.env if own else None)
         plan = replace(plan, command=expand_argv(plan.command, {**env, **(own.env if own else {})}))
     except (ConfigError, CheckpointError) as exc:
         log.error("%s", exc)
@@ -413,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, line = problem
         log.error("%s", line)
         return code
-    outcome = run(plan, env, own=own)
+    outcome = run(plan, env, own=own, python=python)
     if plan.instance_id and env.get(OUTPUT_DIR_ENV):  # under the bootstrap: the report may end the job at once
         uploaded = upload_and_wait(Path(env[OUTPUT_DIR_ENV]), timeout=FINAL_UPLOAD_TIMEOUT)
         log.info("output folder %s", "uploaded" if uploaded else "not uploaded in time; the bootstrap still tries")

@@ -119,6 +119,9 @@ WORKLOAD_ENV: tuple[str, ...] = (
     "GPUJOBS_CHECKPOINT_MODE",
     "GPUJOBS_CODE_URI",
     "GPUJOBS_CODE_SHA256",
+    "GPUJOBS_SETUP",
+    "GPUJOBS_REQUIREMENTS",
+    "GPUJOBS_VENV_CACHE_URI",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
 TRAINER_SETTING_VARIABLES = {

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, gpu_counts, instance_store_types
 from gpujobs.domain.job import Attempt, Job
-from gpujobs.domain.job_access import outputs_uri
+from gpujobs.domain.job_access import job_prefix, outputs_uri
+from gpujobs.domain.spec_parts import setup_argv
 
 RUN_DOCUMENT_VERSION = 1
 
@@ -86,6 +87,13 @@ class RunDocument(BaseModel):
     """The spec's `code` archive (s3://...), unpacked by the launcher into the working directory."""
     code_sha256: str = ""
     """Its hex SHA-256 when known: the launcher refuses an archive with any other digest."""
+    setup: list[list[str]] = Field(default_factory=list)
+    """The spec's `setup:` as argv lists (a string already `/bin/sh -c STRING`): the launcher runs
+    them in the container, in order, before the command."""
+    requirements: str = ""
+    """The spec's `requirements:`, a path inside the unpacked code: installed into a layered venv."""
+    venv_cache_uri: str = ""
+    """s3://bucket/jobs/<job_id>/venvs: where that venv is cached by content (only with `requirements`)."""
     trainer_env: dict[str, str] = Field(default_factory=dict)
     """The spec's `trainer:` settings that differ from the trainer's defaults, as the `GPUJOBS_*`
     variables the trainer reads (`gpujobs.domain.trainer_settings.TrainerSettings.environment`)."""
@@ -187,6 +195,9 @@ def run_document(
         checkpoint_mode=spec.checkpoint.value,
         code_uri=spec.code or "",
         code_sha256=spec.code_sha256 or "",
+        setup=[setup_argv(command) for command in spec.setup],
+        requirements=spec.requirements or "",
+        venv_cache_uri=f"s3://{bucket}/{job_prefix(job.job_id)}venvs" if spec.requirements else "",
         trainer_env=spec.trainer.environment(),
         efa_instance_types=efa_instance_types(hardware or {}, instance_types=spec.instance_types, nodes=spec.nodes),
         instance_store_types=instance_store_types(hardware or {}, instance_types=spec.instance_types),

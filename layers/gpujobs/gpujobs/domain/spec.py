@@ -46,10 +46,14 @@ from gpujobs.domain.spec_parts import (
     IdlePolicy,
     KeepDuration,
     Priority,
+    RequirementsPath,
+    SetupCommands,
     StrictInt,
     StrictNumber,
+    Text,
     duration,
 )
+from gpujobs.domain.spec_parts import printable as _printable
 from gpujobs.domain.stored import is_stored_record
 from gpujobs.domain.trainer_settings import TrainerSettings
 
@@ -76,8 +80,6 @@ TEAM_PATTERN = r"^[a-z0-9-]{1,63}$"
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 RESERVED_ENV_PREFIXES = ("AWS_", "GPUJOBS_", "DOCKER_", "LD_")
 """Set by gpujobs (AWS_*, GPUJOBS_*), or changing what docker or the dynamic loader does (DOCKER_*, LD_PRELOAD)."""
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""C0 and C1 controls and DEL; tab and newline are allowed in command arguments and env values."""
 # registry/repo[:tag][@sha256:digest]; lowercase repository path components as Docker requires.
 IMAGE_PATTERN = (
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
@@ -94,16 +96,6 @@ Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 Team = Annotated[str, StringConstraints(pattern=TEAM_PATTERN)]
 InstanceType = Annotated[str, StringConstraints(pattern=INSTANCE_TYPE_PATTERN)]
 Image = Annotated[str, StringConstraints(pattern=IMAGE_PATTERN, max_length=512)]
-
-
-def _printable(text: str) -> str:
-    found = CONTROL_CHARACTERS.search(text)
-    if found:
-        raise ValueError(f"contains the control character U+{ord(found.group()):04X}; only tab and newline are allowed")
-    return text
-
-
-Text = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_printable)]
 
 
 S3_OBJECT_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[^\s]{1,1024}$"
@@ -164,6 +156,16 @@ class JobSpec(BaseModel):
     )
     code_sha256: Annotated[str, StringConstraints(pattern=SHA256_PATTERN)] | None = Field(
         default=None, description="hex SHA-256 of the code archive; the launcher refuses any other bytes"
+    )
+    setup: SetupCommands = Field(
+        default_factory=list,
+        description="commands run in the job's container before the command, on every node and attempt: "
+        "an argv list, or a string run by /bin/sh -c in the container (never on the host)",
+    )
+    requirements: RequirementsPath | None = Field(
+        default=None,
+        description="a pip requirements file inside code:, installed into a venv layered on the image "
+        "(cached in S3 by its content, so a replacement node does not reinstall)",
     )
     deadline: Deadline | None = Field(
         default=None, description="finish within hours of submission: spot while the slack allows, else on-demand"
@@ -261,6 +263,14 @@ class JobSpec(BaseModel):
                 "code_sha256: required with an s3:// code archive, the launcher runs only the bytes it pins"
             )
         return self
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements_come_with_code(cls, path: str | None, info: ValidationInfo) -> str | None:
+        """The file is read from the unpacked `code:` folder: without one there is nothing to read."""
+        if path is not None and "code" in info.data and info.data["code"] is None:
+            raise ValueError(f"{path[:80]!r} is a path inside code:, but the job has no code: (add the folder)")
+        return path
 
     @field_validator("instance_types")
     @classmethod

@@ -1,5 +1,5 @@
 """The parts of a job spec that are values of their own: its markets, checkpoint modes, idle policy,
-deadline, priority classes and durations (`domain.spec` holds the spec itself and re-exports these)."""
+deadline, priority classes, durations and dependencies (`domain.spec` holds the spec itself and re-exports these)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,33 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    model_validator,
+)
 
 StrictInt = Annotated[int, Strict()]
 StrictNumber = Annotated[float, Strict(), AllowInfNan(allow_inf_nan=False)]
 """Numbers must be numbers (YAML `yes` or JSON "2" is an error, not 1 or 2) and finite (`.inf`, `.nan` are not)."""
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 controls and DEL; tab and newline are allowed in command arguments and env values."""
+
+
+def printable(text: str) -> str:
+    found = CONTROL_CHARACTERS.search(text)
+    if found:
+        raise ValueError(f"contains the control character U+{ord(found.group()):04X}; only tab and newline are allowed")
+    return text
+
+
+Text = Annotated[str, StringConstraints(max_length=4096), AfterValidator(printable)]
 
 
 class Capacity(StrEnum):
@@ -119,3 +141,70 @@ def _keep_duration(text: object) -> str:
 
 KeepDuration = Annotated[str, BeforeValidator(_keep_duration)]
 """A `keep_on_failure` duration: hours and/or minutes (`30m`, `2h`, `1h30m`), from 1 minute to 24 hours."""
+# ---- dependencies: `setup:` and `requirements:` (docs/job-spec.md, "Dependencies") -------------
+MAX_SETUP_COMMANDS = 32
+MAX_SETUP_ARGUMENTS = 256
+MAX_SETUP_CHARS = 4096
+MAX_REQUIREMENTS_PATH_CHARS = 255
+SHELL = ("/bin/sh", "-c")
+"""What a `setup:` string is run by, inside the job's container (never on the host)."""
+
+
+def _one_setup_command(command: object) -> object:
+    """A non-empty string, or a non-empty list of strings, all printable; said in the user's terms."""
+    if isinstance(command, str):
+        if not command.strip():
+            raise ValueError("is empty: give a command, such as 'pip install --user einops'")
+        words = [command]
+    elif isinstance(command, list) and command and all(isinstance(word, str) for word in command):
+        if len(command) > MAX_SETUP_ARGUMENTS:
+            raise ValueError(f"has {len(command)} arguments, at most {MAX_SETUP_ARGUMENTS}")
+        words = command
+    else:
+        raise ValueError("must be a string (run by /bin/sh -c in the container) or a non-empty list of arguments")
+    for index, word in enumerate(words):
+        where = f"argument {index}: " if isinstance(command, list) else ""
+        if len(word) > MAX_SETUP_CHARS:
+            raise ValueError(f"{where}has {len(word)} characters, at most {MAX_SETUP_CHARS}")
+        try:
+            printable(word)
+        except ValueError as exc:
+            raise ValueError(f"{where}{exc}") from None
+    return command
+
+
+def _a_list_of_commands(commands: object) -> object:
+    if isinstance(commands, str):
+        raise ValueError(f"must be a list of commands: write setup: [{commands[:60]!r}]")
+    if isinstance(commands, list) and len(commands) > MAX_SETUP_COMMANDS:
+        raise ValueError(f"has {len(commands)} commands, at most {MAX_SETUP_COMMANDS}")
+    return commands
+
+
+SetupCommand = Annotated[str | list[str], BeforeValidator(_one_setup_command)]
+"""One `setup:` command: an argv list run as is, or a string run by `/bin/sh -c` in the container."""
+SetupCommands = Annotated[
+    list[SetupCommand], BeforeValidator(_a_list_of_commands), Field(max_length=MAX_SETUP_COMMANDS)
+]
+
+
+def setup_argv(command: str | list[str]) -> list[str]:
+    """The argv a `setup:` command runs as: a string through the container's `/bin/sh -c`."""
+    return [*SHELL, command] if isinstance(command, str) else list(command)
+
+
+def _inside_the_code(path: str) -> str:
+    """A relative POSIX path inside the unpacked `code:` folder; nothing that could lead out of it."""
+    if path.startswith("/"):
+        raise ValueError(f"{path[:80]!r} is absolute: give a path inside code:, such as requirements.txt")
+    if "\\" in path or any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f"{path[:80]!r} must be a file's path inside code:, without '..', '.', '//' or '\\'")
+    return path
+
+
+RequirementsPath = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_REQUIREMENTS_PATH_CHARS),
+    AfterValidator(printable),
+    AfterValidator(_inside_the_code),
+]

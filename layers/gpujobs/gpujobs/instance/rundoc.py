@@ -56,6 +56,9 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "checkpoint_mode": (str, "gpujobs"),
     "code_uri": (str, ""),
     "code_sha256": (str, ""),
+    "setup": (list, []),
+    "requirements": (str, ""),
+    "venv_cache_uri": (str, ""),
     "trainer_env": (dict, {}),
     "efa_instance_types": (list, []),
     "instance_store_types": (list, []),
@@ -133,6 +136,8 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
     if not all(isinstance(t, str) and type(n) is int and n >= 0 for t, n in doc["gpu_counts"].items()):
         raise BootstrapError("gpu_counts must map instance type names to GPU counts")
+    if not all(isinstance(c, list) and c and all(isinstance(a, str) for a in c) for c in doc["setup"]):
+        raise BootstrapError("setup must be a list of commands, each a non-empty list of strings")
     if doc["team"] and not TEAM_NAME.match(doc["team"]):
         raise BootstrapError(f"team {doc['team']!r} is not a team name")
     if not 0 <= doc["keep_on_failure_seconds"] <= MAX_KEEP_SECONDS:

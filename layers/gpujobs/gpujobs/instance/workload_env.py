@@ -7,6 +7,7 @@ decides what the workload sees.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpujobs.instance.contract import CHECKPOINT_KEY_ENV, OUTPUT_DIR_ENV, REPORT_KEY_ENV
@@ -55,6 +56,10 @@ def container_env(
         env[CHECKPOINT_KEY_ENV] = doc["checkpoint_key"]
     if doc["code_uri"]:  # the launcher unpacks it before the command starts
         env.update(GPUJOBS_CODE_URI=doc["code_uri"], GPUJOBS_CODE_SHA256=doc["code_sha256"])
+    if doc["setup"]:  # the launcher runs them in the container before the command
+        env["GPUJOBS_SETUP"] = json.dumps(doc["setup"])
+    if doc["requirements"]:  # ... after installing this file of the code into a cached venv
+        env.update(GPUJOBS_REQUIREMENTS=doc["requirements"], GPUJOBS_VENV_CACHE_URI=doc["venv_cache_uri"])
     if doc["resume_from_step"] is not None:
         env["GPUJOBS_RESUME_FROM_STEP"] = str(doc["resume_from_step"])
     if output_dir:
