@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from gpujobs.domain.deadline import Slack, slack_of
 from gpujobs.domain.job import Job
 from gpujobs.domain.spec_errors import printable
+from gpujobs.domain.spec_parts import CheckpointMode
 from gpujobs_cli.spend import Spend, dollars
 
 DETAIL_WIDTH = 48
@@ -81,6 +82,22 @@ def deadline_line(job: Job, now: datetime) -> str | None:
     return f"deadline  {timing}, slack {_hours(slack.slack)} h {due}"
 
 
+def checkpoint_line(job: Job) -> str | None:
+    """Where the job's work is kept. A `checkpoint: directory` job's "step" is the number of its
+    folder's newest complete sync (the script's own files; `gpujobs_trainer.script_checkpoints`), so it
+    is shown as that sync and its time, not as a training step; nothing resumes an ended job."""
+    step = job.checkpoint_step
+    if step is None:
+        return None
+    if job.spec is not None and job.spec.checkpoint is CheckpointMode.DIRECTORY:
+        at = max((a.checkpoint_at for a in job.attempts if a.checkpoint_step == step and a.checkpoint_at), default=None)
+        synced = f"the script's folder, sync #{step}" + (f" at {when(at)}" if at is not None else "")
+        return f"checkpoint {synced}" + ("" if job.state.is_terminal else " (the next attempt restores it)")
+    if job.state.is_terminal:
+        return f"checkpoint newest committed at step {step}"
+    return f"resumes   from checkpoint step {step}"
+
+
 def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = None) -> str:
     """The `gpujobs status` page; with `spend`, its cost (and, once ended, its GPU-hours); `now`: the time
     the deadline's slack is read at, default the clock."""
@@ -104,10 +121,9 @@ def job_status(job: Job, *, spend: Spend | None = None, now: datetime | None = N
         lines.append(deadline)
     if spend is not None:
         lines += spend_lines(spend, ended=job.state.is_terminal)
-    if job.checkpoint_step is not None and job.state.is_terminal:  # nothing resumes an ended job
-        lines.append(f"checkpoint newest committed at step {job.checkpoint_step}")
-    elif job.checkpoint_step is not None:
-        lines.append(f"resumes   from checkpoint step {job.checkpoint_step}")
+    checkpoint = checkpoint_line(job)
+    if checkpoint is not None:
+        lines.append(checkpoint)
     if job.interruptions or job.crashes:
         lines.append(f"counts    {job.interruptions} interruption(s), {job.crashes} crash(es)")
     if job.next_try_at is not None:

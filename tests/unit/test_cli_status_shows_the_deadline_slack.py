@@ -83,3 +83,36 @@ def test_an_ended_job_shows_its_newest_checkpoint_and_a_running_one_where_it_wou
     ended = render.job_status(done, now=SUBMITTED + timedelta(hours=50))
     assert "checkpoint newest committed at step 3950" in ended
     assert "resumes" not in ended
+
+
+def test_a_directory_job_shows_its_folders_newest_sync_not_a_training_step() -> None:
+    """Issue 22: a `checkpoint: directory` job's checkpoint "step" is its folder's sync number."""
+    body = {
+        "name": "j",
+        "image": "r/i:1",
+        "command": ["x"],
+        "instance_types": ["p3.2xlarge"],
+        "checkpoint": "directory",
+    }
+    synced_at = SUBMITTED + timedelta(minutes=40)
+    attempt = Attempt(
+        number=1,
+        started_at=SUBMITTED,
+        instance_ids=("i-1",),
+        market=Market.SPOT,
+        checkpoint_step=7,
+        checkpoint_at=synced_at,
+    )
+    submitted = Job.submitted(job_id="j-1", spec=load_spec(json.dumps(body)), now=SUBMITTED, message_id="m")
+    launching = submitted.with_attempt(attempt, now=SUBMITTED).transition(
+        JobState.LAUNCHING, Reason.LAUNCH_STARTED, now=SUBMITTED
+    )
+    running = launching.transition(JobState.RUNNING, Reason.INSTANCES_LAUNCHED, now=SUBMITTED).model_copy(
+        update={"checkpoint_step": 7}
+    )
+
+    shown = render.job_status(running, now=SUBMITTED + timedelta(hours=1))
+
+    assert "checkpoint the script's folder, sync #7 at 2026-03-01 00:40:00Z" in shown
+    assert "(the next attempt restores it)" in shown
+    assert "step 7" not in shown
