@@ -18,7 +18,7 @@ from gpujobs.domain.job import Job, Market
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.states import JobState, Reason
 from gpujobs_fakes.faults import InjectedFaultError
-from tests.service.conftest import World, spec
+from tests.service.conftest import World, dumped_then_killed, spec
 
 GANG = {"nodes": 2, "instance_types": ["g5.xlarge"], "capacity": "spot-first"}
 
@@ -208,7 +208,7 @@ def test_a_regrouped_gang_is_timed_like_a_new_one_and_one_that_never_heartbeats_
     assert all(world.compute.instances[i].state == "running" for i in gang)
 
     world.clock.advance(seconds=(trainer.first_heartbeat - timedelta(minutes=4)).total_seconds())
-    world.reconciler.run()
+    dumped_then_killed(world)  # a hang: its stacks are asked for, then it is killed
     assert all(world.compute.instances[i].state == "terminated" for i in gang)
 
 

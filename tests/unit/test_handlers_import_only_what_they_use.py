@@ -70,6 +70,7 @@ EVERY_HANDLER = {
     "gpujobs.domain.values",
     "gpujobs.domain.attempts",
     "gpujobs.domain.progress",  # the record's bounded series of training metrics (pure, ~50 lines)
+    "gpujobs.domain.keep",  # a failed gang kept up for inspection: the record's `kept` (pure, ~60 lines)
     "gpujobs.domain.spec_parts",
     "gpujobs.service.store_errors",
     "gpujobs.adapters.item_size",
