@@ -58,9 +58,15 @@ from gpujobs_trainer.errors import (
 )
 from gpujobs_trainer.events import JOB_EXITED, EventBridgePublisher, make_publisher
 from gpujobs_trainer.outcome import JobOutcome, decide_exit, read_outcomes
-from gpujobs_trainer.outputs import DEFAULT_OUTPUT_DIR, OUTPUT_DIR_ENV, tensorboard_env, upload_and_wait
+from gpujobs_trainer.outputs import (
+    DEFAULT_OUTPUT_DIR,
+    OUTPUT_DIR_ENV,
+    TensorboardUploads,
+    tensorboard_env,
+    upload_and_wait,
+)
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
-from gpujobs_trainer.stack_dumps import Worker, dump_and_upload, nccl_flight_recorder_env, rank_of
+from gpujobs_trainer.stack_dumps import Worker, child_pids, dump_and_upload, nccl_flight_recorder_env, rank_of
 from gpujobs_trainer.torchrun_output import TorchrunStderr
 
 log = logging.getLogger("gpujobs_trainer.launch")
@@ -203,23 +209,6 @@ def python_script(command: Sequence[str]) -> str | None:
     return None
 
 
-def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """Direct children of ``parent`` (torchrun's workers), read from /proc."""
-    children = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Format: "pid (comm) state ppid ..."; comm may contain spaces, so split after ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == parent:
-            children.append(int(entry.name))
-    return children
-
-
 def run(
     plan: LaunchPlan, env: Mapping[str, str], *, own: ScriptCheckpoints | None = None, python: str = sys.executable
 ) -> JobOutcome:
@@ -276,7 +265,9 @@ def run(
         own.started()
     if stopped:
         proc.send_signal(signal.SIGTERM)
+    tensorboard = TensorboardUploads(dict(env))
     while (torchrun_code := _wait(proc, seconds=0.5)) is None:
+        tensorboard.tick()
         notice = own.spot_notice() if own is not None else ""
         if notice and not stopped:
             stop(notice)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 OUTPUT_DIR_ENV = "GPUJOBS_OUTPUT_DIR"
@@ -27,6 +28,8 @@ TB_DIR_ENV = "GPUJOBS_TB_DIR"
 """Where the workload writes TensorBoard event files: ``tensorboard/`` in the output folder, so they are
 uploaded with the outputs (``outputs/<team>/<job-id>/tensorboard/``) and ``gpujobs tensorboard`` serves them."""
 TB_SUBDIR = "tensorboard"
+TB_UPLOAD_SECONDS = 120.0
+"""While the workload runs, its TensorBoard folder is uploaded this often when it changed (`TensorboardUploads`)."""
 
 
 def tensorboard_env(env: dict[str, str]) -> dict[str, str]:
@@ -37,6 +40,38 @@ def tensorboard_env(env: dict[str, str]) -> dict[str, str]:
     except OSError as exc:  # the workload may still create it, or write no event files at all
         logging.getLogger("gpujobs_trainer").warning("cannot create $%s %s: %s", TB_DIR_ENV, folder, exc)
     return {TB_DIR_ENV: str(folder)}
+
+
+class TensorboardUploads:
+    """The launcher's side of a live TensorBoard: while the workload runs, every ``every`` seconds, if a
+    file under ``$GPUJOBS_TB_DIR`` changed since the last look, it asks the bootstrap to upload the
+    output folder (which sends changed files only), so ``gpujobs tensorboard`` shows a run as it trains,
+    not only once it ends. Only under the bootstrap (``$GPUJOBS_OUTPUT_DIR`` set) and for a folder inside
+    the output folder; ``tick`` is called from the launcher's wait loop, never from a thread of its own."""
+
+    def __init__(
+        self, env: dict[str, str], *, every: float = TB_UPLOAD_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        output_dir, folder = env.get(OUTPUT_DIR_ENV), env.get(TB_DIR_ENV)
+        self.output_dir = Path(output_dir) if output_dir else None
+        inside = bool(output_dir and folder) and Path(str(folder)).resolve().is_relative_to(
+            Path(str(output_dir)).resolve()
+        )
+        self.folder = Path(str(folder)) if inside else None
+        self.every, self.clock = every, clock
+        self._looked, self._newest = clock(), 0.0
+
+    def tick(self) -> bool:
+        """Look if a period has passed; True when an upload was asked for."""
+        if self.folder is None or self.output_dir is None or self.clock() - self._looked < self.every:
+            return False
+        self._looked = self.clock()
+        newest = max((entry.stat().st_mtime for entry in self.folder.rglob("*") if entry.is_file()), default=0.0)
+        if newest <= self._newest:
+            return False
+        self._newest = newest
+        request_upload(self.output_dir)
+        return True
 
 
 def request_upload(folder: Path) -> None:

@@ -228,3 +228,20 @@ class StackDumper:
             temporary.replace(path)
             copied.append(path)
         return copied
+
+
+def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """Direct children of ``parent`` (torchrun's workers), read from /proc."""
+    children = []
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Format: "pid (comm) state ppid ..."; comm may contain spaces, so split after ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            children.append(int(entry.name))
+    return children
