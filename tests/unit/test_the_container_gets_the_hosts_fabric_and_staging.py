@@ -41,6 +41,9 @@ DOC: dict[str, Any] = {
     "efa_instance_types": [P5],
     "instance_store_types": [P5],
     "trainer_env": {},
+    "setup": [],
+    "requirements": "",
+    "venv_cache_uri": "",
 }
 P5_HOST = {"lo": "127.0.0.1", "docker0": "172.17.0.1", "enp71s0": "10.0.3.17", "enp72s0": "10.0.3.18"}
 
