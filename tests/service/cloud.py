@@ -187,6 +187,8 @@ class SimulatedCloud:
     admissions: dict[str, Admission | None] = field(default_factory=dict)
     """Per job, its admission as the last step left it: a preemption takes only borrowed GPUs."""
     kept_work: dict[str, tuple[int, timedelta]] = field(default_factory=dict)
+    item_sizes: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Per (job, version), the item's size as the store writes it: measured once per write (`violations`)."""
     kept_up: set[str] = field(default_factory=set)
     """Instances whose workload crashed under `keep_on_failure`: their bootstrap kept them up (`domain.keep`)."""
     counted: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -581,7 +583,10 @@ class SimulatedCloud:
                 problems.append(f"{job.job_id} left terminal state {was} for {job.state}")
             if job.state.is_terminal:
                 self.terminal.setdefault(job.job_id, job.state)
-            size = item_bytes(job)
+            # the store bumps the version at every write: a record not written since is not measured again
+            size = self.item_sizes.get((job.job_id, job.version))
+            if size is None:
+                size = self.item_sizes[(job.job_id, job.version)] = item_bytes(job)
             if size > MAX_ITEM_BYTES:
                 problems.append(f"{job.job_id}: item of {size} bytes")
         for event in self.world.publisher.events[self.published :]:

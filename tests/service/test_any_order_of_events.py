@@ -33,6 +33,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from gpujobs.contract import ExitCode
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.decisions import HEARTBEAT_RECORD_INTERVAL
 from gpujobs.domain.job import Market
@@ -389,6 +390,9 @@ def quiet_logs() -> Iterator[None]:
 
 
 TestControlPlaneUnderChaos = ControlPlaneUnderChaos.TestCase
+# Its 300 sequences (the `ci` profile) take 2 to 5 minutes on a loaded 2-core machine, more than the
+# suite's 300 s guard against hangs; a hung step still fails here, at 15 minutes.
+TestControlPlaneUnderChaos = pytest.mark.timeout(900)(TestControlPlaneUnderChaos)
 
 
 def test_a_replacements_configuration_error_after_its_predecessor_trained_is_no_config_error() -> None:
@@ -575,3 +579,28 @@ def test_a_hung_gang_is_dumped_at_one_tick_and_killed_only_after_the_dumps_wait(
     cloud.advance(timedelta(minutes=5))
     assert not cloud.violations()
     assert gang not in cloud.gangs()
+
+
+def test_an_unhealthy_node_of_a_gang_that_keeps_failures_is_replaced_never_kept() -> None:
+    """A sequence kept from the proof (two features merged on the same day): a 2-node gang on its
+    last attempt with `keep_on_failure` gets a node's failed GPU check (122). It was taken for a crash
+    that fails the job and keeps the gang, and relaunched as unhealthy too: both attempts stayed up."""
+    cloud = SimulatedCloud()
+    cloud.submit(json.dumps(spec(nodes=2, keep_on_failure="1h", max_attempts=1, capacity="on-demand")), "msg-0")
+    cloud.deliver_all()
+    [gang] = cloud.gangs()
+    first = list(cloud.gangs()[gang])
+
+    cloud.exit(gang, ExitCode.UNHEALTHY_NODE, nodes=first[:1])
+    cloud.deliver_all()
+
+    assert not set(first) & set(cloud.up_instances())  # the gang is terminated, not kept
+    assert not cloud.violations()
+    cloud.advance(timedelta(minutes=10))
+    cloud.deliver_all()
+    [job] = cloud.jobs()
+    assert job.state is JobState.RUNNING
+    assert job.kept is None
+    assert (job.crashes, job.interruptions) == (0, 0)
+    assert [a.end_reason for a in job.attempts] == ["unhealthy-node", None]
+    assert not cloud.violations()

@@ -160,6 +160,8 @@ def fails_and_keeps(job: Job, attempt: Attempt, crashed: dict[str, int]) -> bool
         return False
     if attempt.waits_for_replacement:
         return False
+    if any(code in HARDWARE_EXIT_CODES for code in crashed.values()):
+        return False  # a node's hardware ended it: relaunched on other hosts, never a crash that fails the job
     return misconfigured(job, crashed) or job.crashes + 1 >= spec.max_attempts
 
 
