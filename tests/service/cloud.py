@@ -507,7 +507,8 @@ class SimulatedCloud:
     def exit(self, gang: tuple[str, int], code: int, *, nodes: list[str]) -> None:
         """These nodes' containers exit with `code`; each reports it, then powers off, unless it
         crashed and its run document says keep_on_failure: then it stays up (`domain.keep`)."""
-        kept = code not in (0, ExitCode.PREEMPTED) and self._keeps_on_failure(gang[0])
+        # a hardware ending (121, 122) is never kept: the bootstrap keeps only a workload's own crash
+        kept = code not in (0, ExitCode.PREEMPTED, *HARDWARE_CODES) and self._keeps_on_failure(gang[0])
         for iid in nodes:
             self.pending.append(Delivery("exit", (*gang, iid, code)))
             if kept:
@@ -1076,6 +1077,8 @@ class SimulatedCloud:
             return None
         if not job.require_spec().checkpoint.takes_checkpoint_requests or (job.job_id, attempt.number) in self.hung:
             return None
+        if self.kept_up & set(attempt.instance_ids):
+            return None  # a node's workload crashed and its host was kept up: that gang answers nothing
         if request.deadline <= self.quiet_since + RECONCILE_EVERY:
             return None  # its deadline came before the quiet's first tick could ask again
         before = request.checkpoint_step_at_request
