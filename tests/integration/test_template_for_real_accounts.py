@@ -20,6 +20,7 @@ import pytest
 from gpujobs.domain.effects import (
     CreateAlarms,
     DeleteAlarms,
+    DumpStacks,
     Effect,
     Launch,
     SignalCheckpoint,
@@ -249,6 +250,7 @@ def test_the_effects_alarm_has_a_series_for_every_call_a_failed_effect_is_counte
         CreateAlarms("j-1", ("i-1",), 5, 30),
         DeleteAlarms(("i-1",)),
         SignalCheckpoint(("i-1",), "c"),
+        DumpStacks(("i-1",), "c"),
         TagGeneration(("i-1",), 1),
         Launch("j-1"),
     ]

@@ -95,7 +95,9 @@ def test_rank_0_exports_the_trained_weights_as_safetensors(tmp_path: Path, mode:
         assert torch.equal(exported[name], tensor), name
     with safe_open(str(outputs / "model.safetensors"), framework="pt") as file:
         assert file.metadata()["step"] == "6"
-    assert sorted(p.name for p in outputs.iterdir()) == ["model.safetensors"], "no half-written file is left"
+    # no half-written file is left; `tensorboard/` is the launcher's $GPUJOBS_TB_DIR, created empty
+    assert sorted(p.name for p in outputs.iterdir()) == ["model.safetensors", "tensorboard"]
+    assert not any((outputs / "tensorboard").iterdir())
 
 
 def test_the_final_checkpoint_converts_to_the_same_parameters_with_one_call(
