@@ -291,3 +291,41 @@ def test_a_stop_while_the_gang_waits_for_its_replacement_launches_none_and_stops
     assert after.state is JobState.STOPPED
     assert not [c for c in world.compute.instances.values() if c.request.generation]  # no replacement launched
     assert world.compute.instances[survivor].state in ("terminated", "stopped")
+
+
+def test_a_replacement_launched_but_never_recorded_goes_once_the_regroup_is_given_up(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the randomized proof: the replacement's RunInstances succeeded, its record did not, and
+    nothing could adopt it (DescribeInstances failing) before the regroup was given up. The whole
+    gang was replaced, and the unrecorded replacement ran beside it for as long as its old attempt
+    kept a node up."""
+    from gpujobs.service.sweeps import ORPHAN_GRACE
+
+    job = running_gang(world)
+    _, lost = job.instance_ids
+    world.compute.on_run = lambda _request: world.store.faults.fail_next("save")  # its record is lost
+    with pytest.raises(InjectedFaultError):
+        world.reactions.spot_warning(lost)
+    world.compute.on_run = None
+    [unrecorded] = [i for i, f in world.compute.instances.items() if f.request.generation == 1]
+    assert unrecorded not in world.store.get(job.job_id).instance_ids
+    find = world.compute.find_instances
+
+    def describe_failing_for_attempt_1(*, job_id: str, attempt: int | None = None) -> object:
+        if attempt == 1:
+            raise InjectedFaultError("DescribeInstances throttled")
+        return find(job_id=job_id, attempt=attempt)
+
+    monkeypatch.setattr(world.compute, "find_instances", describe_failing_for_attempt_1)
+
+    world.clock.advance(seconds=regroup.LAUNCH_LIMIT.total_seconds())
+    world.reconciler.run()  # the regroup is given up: the whole gang is replaced
+    after = world.store.get(job.job_id)
+    assert after.current_attempt is not None
+    assert after.current_attempt.number == 2
+    world.clock.advance(seconds=(ORPHAN_GRACE - regroup.LAUNCH_LIMIT).total_seconds() + 60)
+    world.reconciler.run()
+
+    assert world.compute.instances[unrecorded].state == "terminated"
+    assert all(world.compute.instances[i].state == "running" for i in world.store.get(job.job_id).instance_ids)

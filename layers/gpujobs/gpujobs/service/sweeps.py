@@ -149,7 +149,9 @@ class StackSweeps:
 def _is_orphan(job: Job | None, inst: TaggedInstance, now: datetime) -> bool:
     """An instance no active attempt accounts for: its job is unknown or over, its attempt unknown,
     or its attempt ended while the instance still runs, or it left its attempt's gang in a regroup
-    whose warning window and grace are over (`domain.regroup.left_the_gang`). The stopped instances
+    whose warning window and grace are over (`domain.regroup.left_the_gang`), or it is a replacement
+    a regroup launched but never recorded, of an attempt the job has since moved on from (the regroup
+    was given up: no later regroup of that attempt can record it). The stopped instances
     of the last attempt of a job that ended STOPPED are kept on purpose (see the module docstring), and
     so is a FAILED job's gang kept for inspection until its keep is over (`domain.keep`)."""
     if job is not None and keep.spares(job, inst.attempt, now=now):
@@ -160,6 +162,14 @@ def _is_orphan(job: Job | None, inst: TaggedInstance, now: datetime) -> bool:
     if job is None or job.state.is_terminal:
         return True
     attempt = job.attempt(inst.attempt)
+    if (
+        attempt is not None
+        and not attempt.is_over
+        and not job.is_current(attempt)
+        and inst.instance_id not in (*attempt.instance_ids, *attempt.left)
+        and inst.state in UP_STATES
+    ):
+        return True  # a replacement its regroup never recorded, of an attempt the job has moved on from
     if attempt is not None and not attempt.is_over and attempt.left and inst.state in UP_STATES:
         from gpujobs.domain.regroup import left_the_gang  # a regrouped gang's only
 
