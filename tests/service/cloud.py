@@ -832,8 +832,18 @@ class SimulatedCloud:
                     for e in job.history
                     if is_spot_reclaim(e) and e.attempt is not None and e.attempt < attempt.number
                 ]
-                recent = [t for t in reclaims if attempt.started_at - t <= VOLATILE_WINDOW]
-                if len(recent) < VOLATILE_COUNT or any(t <= attempt.started_at for t in self.budget_alerts_at):
+                # judged when its instances were launched (the market is chosen then), not when the attempt
+                # began: a launch held for hours (a budget hold, refused capacity) may find spot calm again
+                launched = next(
+                    (
+                        e.at
+                        for e in job.history
+                        if e.attempt == attempt.number and e.reason is Reason.INSTANCES_LAUNCHED
+                    ),
+                    attempt.started_at,
+                )
+                recent = [t for t in reclaims if launched - t <= VOLATILE_WINDOW]
+                if len(recent) < VOLATILE_COUNT or any(t <= launched for t in self.budget_alerts_at):
                     continue
                 if attempt.tries_dropped or any(t.market is Market.ON_DEMAND for t in attempt.tries):
                     continue
