@@ -25,6 +25,7 @@ from gpujobs_trainer.stack_dumps import (
     STACKS_DIR_ENV,
     StackDumper,
     Worker,
+    first_dump_end,
     nccl_flight_recorder_env,
     rank_of,
 )
@@ -131,6 +132,37 @@ def test_a_py_spy_that_is_refused_falls_back_to_faulthandler(
     assert ": faulthandler\n" in text.splitlines(keepends=True)[0]
     assert "py-spy exited 1: Permission Denied" in text
     assert "wait_for_a_peer_that_never_comes" in text
+
+
+TWO_DUMPS_SCRIPT = """
+import faulthandler, os, signal, sys, threading
+out = open(sys.argv[1], "w")
+faulthandler.register(signal.SIGUSR2, file=out, all_threads=True, chain=False)
+for _ in range(2):
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+os.kill(os.getpid(), signal.SIGUSR2)
+out.flush()
+print(os.path.getsize(sys.argv[1]), flush=True)
+os.kill(os.getpid(), signal.SIGUSR2)
+"""
+
+
+def test_the_first_of_two_real_dumps_is_whole_only_once_the_second_begins(tmp_path: Path) -> None:
+    """A rank's dump is read back only when it is whole: faulthandler writes it in many pieces, and
+    reading at the first growth once cut it after the header (a red CI). The launcher asks twice;
+    the second dump's header, which follows no blank line, is the fence."""
+    dumps = tmp_path / "dumps.txt"
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_DUMPS_SCRIPT, str(dumps)], capture_output=True, text=True, check=True
+    )
+    first_size = int(done.stdout)
+    text = dumps.read_text()
+    assert text.count("(most recent call first)") == 6  # three threads, twice
+
+    for cut in range(first_size + 1):
+        assert first_dump_end(text[:cut]) is None, f"the first dump taken for whole at byte {cut}"
+    assert first_dump_end(text[: first_size + len("Current thread 0x")]) == first_size
+    assert first_dump_end(text) == first_size
 
 
 PY_SPY = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import itertools
 import logging
 import os
 import shutil
@@ -206,9 +207,16 @@ class StackDumper:
             time.sleep(0.05)
         if size <= before:
             return Dump(worker, "none", f"no stacks: {why}, and its faulthandler wrote nothing")
-        with path.open(encoding="utf-8", errors="replace") as file:
-            file.seek(before)
-            return Dump(worker, "faulthandler", f"({why})\n" + file.read())
+        # The handler has started, so a second SIGUSR2 cannot merge with the first: it is held while
+        # the first dump is written and starts the second only after it. The second dump's first
+        # header is the fence that says the first is whole (reading at the first growth cut it short).
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGUSR2)
+        while (end := first_dump_end(text := _read_from(path, before))) is None:
+            if time.monotonic() >= deadline:
+                return Dump(worker, "faulthandler", f"({why}; the dump may be cut short)\n" + text)
+            time.sleep(0.05)
+        return Dump(worker, "faulthandler", f"({why})\n" + text[:end])
 
     def _write(self, dump: Dump) -> Path:
         worker = dump.worker
@@ -228,6 +236,28 @@ class StackDumper:
             temporary.replace(path)
             copied.append(path)
         return copied
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as file:
+        file.seek(offset)
+        return file.read().decode("utf-8", errors="replace")
+
+
+def first_dump_end(text: str) -> int | None:
+    """Where the first of two back-to-back faulthandler dumps ends in ``text``, or None until the second starts.
+
+    Every thread's block starts with a ``Thread 0x..`` or ``Current thread 0x..`` line; inside one
+    dump each block after the first follows a blank line, while a dump that follows another starts
+    right after the other's last frame line. That unblanked header is the fence.
+    """
+    offset = 0
+    lines = text.split("\n")
+    for previous, line in itertools.pairwise(lines):
+        offset += len(previous) + 1
+        if previous and line.startswith(("Thread 0x", "Current thread 0x")):
+            return offset
+    return None
 
 
 def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
