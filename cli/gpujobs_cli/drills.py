@@ -20,21 +20,21 @@ import argparse
 import json
 import uuid
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from gpujobs.contract import JOB_TAG, STACK_TAG
 from gpujobs.domain.job import Job, Market
+from gpujobs_cli import commands
+from gpujobs_cli.commands import EXIT_OK, CommandError, _discover, _get, _store
 from gpujobs_cli.resources import SPOT_DRILL_ROLE, TABLE
+from gpujobs_cli.shell import find_target
 
 SPOT_INTERRUPTION_ACTION = "aws:ec2:send-spot-instance-interruptions"
 NOTICE = "PT2M"
 """EC2's own notice before a reclaim (FIS accepts PT2M to PT15M)."""
 NOTICE_SECONDS = 120
 TARGET = "SpotInstances"
-
-
-class DrillError(Exception):
-    """The job has no instance this drill can interrupt; the message says why, naming it."""
 
 
 @dataclass(frozen=True)
@@ -49,26 +49,25 @@ class Drill:
     reclaim_after_seconds: int = NOTICE_SECONDS
 
 
-def drill_target(job: Job, *, node: int) -> str:
-    """The instance id of node `node` of the job's current attempt, if spot can interrupt it."""
+def drill_target(job: Job, *, node: int, now: datetime) -> str:
+    """The instance id of node `node` of the job's running attempt (as `gpujobs shell` finds it), if
+    spot can interrupt it: a gang kept for inspection after a failure has nothing left to drill."""
+    target = find_target(job, node=node, now=now)
+    if job.state.is_terminal:
+        raise CommandError(f"{job.job_id} is {job.state.value} (its gang is kept for inspection): nothing to interrupt")
     attempt = job.current_attempt
-    if job.state.is_terminal or attempt is None or attempt.is_over or not attempt.instance_ids:
-        raise DrillError(f"{job.job_id} has no running instances to interrupt (state {job.state.value})")
-    nodes = attempt.instance_ids
-    if not 0 <= node < len(nodes):
-        raise DrillError(f"--node {node}: attempt {attempt.number} of {job.job_id} has nodes 0 to {len(nodes) - 1}")
-    instance_id = nodes[node]
-    if attempt.market is not Market.SPOT:
-        market = attempt.market.value if attempt.market else "an unknown market"
-        raise DrillError(f"only spot instances can be interrupted: {instance_id} of {job.job_id} runs {market}")
-    return instance_id
+    market = attempt.market if attempt is not None else None
+    if market is not Market.SPOT:
+        runs = market.value if market is not None else "an unknown market"
+        raise CommandError(f"only spot instances can be interrupted: {target.instance_id} of {job.job_id} runs {runs}")
+    return target.instance_id
 
 
 def instance_arn(instance_id: str, *, region: str, role_arn: str) -> str:
     """The instance's ARN; its account is the drill role's (the stack's own)."""
     parts = role_arn.split(":")
     if len(parts) < 6 or parts[2] != "iam" or not parts[4].isdigit():
-        raise DrillError(f"the spot drill role {role_arn!r} is not an IAM role ARN")
+        raise CommandError(f"the spot drill role {role_arn!r} is not an IAM role ARN")
     return f"arn:{parts[1]}:ec2:{region}:{parts[4]}:instance/{instance_id}"
 
 
@@ -92,9 +91,9 @@ def experiment_template(*, job_id: str, stack: str, arn: str, role_arn: str, tok
     }
 
 
-def interrupt(fis: Any, job: Job, *, node: int, stack: str, region: str, role_arn: str) -> Drill:
-    """Create the drill's experiment template and start it; DrillError before any call if it cannot be."""
-    instance_id = drill_target(job, node=node)
+def interrupt(fis: Any, job: Job, *, node: int, now: datetime, stack: str, region: str, role_arn: str) -> Drill:
+    """Create the drill's experiment template and start it; CommandError before any call if it cannot be."""
+    instance_id = drill_target(job, node=node, now=now)
     arn = instance_arn(instance_id, region=region, role_arn=role_arn)
     token = str(uuid.uuid4())
     request = experiment_template(job_id=job.job_id, stack=stack, arn=arn, role_arn=role_arn, token=token)
@@ -112,21 +111,17 @@ def interrupt(fis: Any, job: Job, *, node: int, stack: str, region: str, role_ar
 
 
 def cmd_interrupt(args: argparse.Namespace) -> int:
-    from gpujobs_cli.commands import EXIT_OK, CommandError, _discover, _get, _store
-
     resources = _discover(args, needs=(TABLE, SPOT_DRILL_ROLE))
     job = _get(_store(resources), args.job_id)
-    try:
-        drill = interrupt(
-            resources.client("fis"),
-            job,
-            node=args.node,
-            stack=args.stack,
-            region=resources.region_name,
-            role_arn=resources.values[SPOT_DRILL_ROLE],
-        )
-    except DrillError as exc:
-        raise CommandError(str(exc)) from None
+    drill = interrupt(
+        resources.client("fis"),
+        job,
+        node=args.node,
+        now=commands.utc_now(),
+        stack=args.stack,
+        region=resources.region_name,
+        role_arn=resources.values[SPOT_DRILL_ROLE],
+    )
     print(render(drill, as_json=args.json))
     return EXIT_OK
 

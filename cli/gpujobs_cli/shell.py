@@ -40,13 +40,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gpujobs.contract import container_name
 from gpujobs.domain import keep
 from gpujobs.domain.job import Job
 from gpujobs.domain.states import JobState
+from gpujobs_cli import commands
 from gpujobs_cli.commands import EXIT_NOT_FOUND, CommandError, _get, _store
 from gpujobs_cli.resources import EXEC_DOCUMENT, SHELL_DOCUMENT, TABLE, discover
 
@@ -177,14 +178,10 @@ def run_command(ssm: Any, target: Target, *, document: str, argv: Sequence[str])
     )
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 def cmd_shell(args: argparse.Namespace) -> int:
     plugin = find_plugin()  # before any AWS call: no session is left behind without it
     resources = discover(stack=args.stack, region=args.region, needs=(TABLE, SHELL_DOCUMENT))
-    target = find_target(_get(_store(resources), args.job_id), node=args.node, now=_now())
+    target = find_target(_get(_store(resources), args.job_id), node=args.node, now=commands.utc_now())
     print(f"shell in {target.container} on {target.instance_id} (node {target.node})", file=sys.stderr)
     profile = os.environ.get("AWS_PROFILE", "")
     ssm = resources.client("ssm")
@@ -196,7 +193,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     argv_parameter(argv)  # a usage error before any AWS call
     resources = discover(stack=args.stack, region=args.region, needs=(TABLE, EXEC_DOCUMENT))
-    target = find_target(_get(_store(resources), args.job_id), node=args.node, now=_now())
+    target = find_target(_get(_store(resources), args.job_id), node=args.node, now=commands.utc_now())
     result = run_command(resources.client("ssm"), target, document=resources.values[EXEC_DOCUMENT], argv=argv)
     if args.json:
         print(json.dumps({"instance_id": target.instance_id, "node": target.node, **result.__dict__}))

@@ -167,7 +167,7 @@ def test_a_node_the_gang_does_not_have_is_a_usage_error_naming_the_nodes(
 
     assert main(["interrupt", JOB, "--node", "2"]) == 2
 
-    assert f"--node 2: attempt 1 of {JOB} has nodes 0 to 1" in capsys.readouterr().err
+    assert f"{JOB} runs on 2 node(s): --node takes 0 to 1, not 2" in capsys.readouterr().err
     assert fis.calls == []
 
 
@@ -178,8 +178,8 @@ def test_an_ended_job_or_an_unknown_one_has_nothing_to_interrupt(
     ended = job.transition(JobState.CANCELLED, Reason.USER_CANCELLED, now=NOW + timedelta(hours=1))
     store.save(ended)
 
-    assert main(["interrupt", JOB]) == 2
-    assert f"{JOB} has no running instances to interrupt (state CANCELLED)" in capsys.readouterr().err
+    assert main(["interrupt", JOB]) == 3
+    assert f"{JOB} is CANCELLED: no container of it runs now" in capsys.readouterr().err
     assert main(["interrupt", "j-00000000000000bb"]) == 3
     assert "no job j-00000000000000bb" in capsys.readouterr().err
     assert fis.calls == []

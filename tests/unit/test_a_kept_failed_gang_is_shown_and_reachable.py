@@ -8,10 +8,11 @@ from datetime import timedelta
 
 import pytest
 
-from gpujobs.domain.job import Attempt, Job, Kept
+from gpujobs.domain.job import Attempt, Job, Kept, Market
 from gpujobs.domain.spec import load_spec
 from gpujobs.domain.states import JobState
-from gpujobs_cli import render, shell
+from gpujobs_cli import commands, drills, render, shell
+from gpujobs_cli.commands import CommandError
 from gpujobs_cli.main import main
 from gpujobs_fakes.memory import InMemoryJobStore
 from tests.unit.test_shell_and_exec_reach_only_a_running_container import GANG, JOB_ID, NOW, SPEC, StubSsm
@@ -73,7 +74,7 @@ def _discover(ssm: StubSsm) -> object:
 def test_shell_and_exec_reach_the_kept_container_of_a_failed_job_while_the_keep_lasts(
     kept_gang: StubSsm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shell, "_now", lambda: NOW + timedelta(minutes=10))
+    monkeypatch.setattr(commands, "utc_now", lambda: NOW + timedelta(minutes=10))
 
     assert main(["shell", JOB_ID, "--node", "1"]) == 0
     assert main(["exec", JOB_ID, "--", "ls", "/tmp"]) == 0
@@ -86,10 +87,34 @@ def test_shell_and_exec_reach_the_kept_container_of_a_failed_job_while_the_keep_
 def test_once_the_keep_is_over_there_is_no_shell_and_it_says_why(
     kept_gang: StubSsm, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(shell, "_now", lambda: KEPT_UNTIL)
+    monkeypatch.setattr(commands, "utc_now", lambda: KEPT_UNTIL)
 
     assert main(["shell", JOB_ID]) == 3
     assert capsys.readouterr().err.strip() == (
         f"gpujobs: {JOB_ID} is FAILED (its keep for inspection is over): no container of it runs now"
     )
     assert kept_gang.requests == []
+
+
+def test_a_kept_failed_gang_has_nothing_to_drill_though_a_shell_reaches_it() -> None:
+    job = a_failed_job().model_copy(
+        update={"attempts": (a_failed_job().attempts[0].model_copy(update={"market": Market.SPOT}),)}
+    )
+    during_the_keep = NOW + timedelta(minutes=10)
+
+    assert shell.find_target(job, node=0, now=during_the_keep).instance_id == GANG[0]
+    with pytest.raises(
+        CommandError, match=f"{JOB_ID} is FAILED \\(its gang is kept for inspection\\): nothing to interrupt"
+    ):
+        drills.drill_target(job, node=0, now=during_the_keep)
+
+
+def test_a_drill_of_a_node_already_gone_is_refused_naming_it() -> None:
+    attempt = Attempt(number=1, started_at=NOW, instance_ids=GANG, market=Market.SPOT, gone=(GANG[1],))
+    running = Job(
+        job_id=JOB_ID, state=JobState.RUNNING, created_at=NOW, updated_at=NOW, spec=load_spec(SPEC), attempts=(attempt,)
+    )
+
+    assert drills.drill_target(running, node=0, now=NOW) == GANG[0]
+    with pytest.raises(CommandError, match=f"node 1 of {JOB_ID} \\({GANG[1]}\\) is gone"):
+        drills.drill_target(running, node=1, now=NOW)
