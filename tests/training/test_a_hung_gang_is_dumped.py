@@ -24,11 +24,10 @@ from gpujobs_trainer.stack_dumps import (
     DUMPS_FOLDER,
     STACKS_DIR_ENV,
     StackDumper,
-    Worker,
     first_dump_end,
     nccl_flight_recorder_env,
-    rank_of,
 )
+from gpujobs_trainer.workers import Worker, rank_of
 
 HUNG_SCRIPT = """
 import os, sys, threading

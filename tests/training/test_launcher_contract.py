@@ -15,7 +15,6 @@ from gpujobs_trainer import CONFIG_ERROR_EXIT_CODE, CRASH_EXIT_CODE, PREEMPTED_E
 from gpujobs_trainer.errors import COMMAND_NOT_EXECUTABLE_EXIT_CODE, COMMAND_NOT_FOUND_EXIT_CODE, ConfigError
 from gpujobs_trainer.events import EventBridgePublisher
 from gpujobs_trainer.launch import (
-    child_pids,
     expand_argv,
     plan_from_env,
     python_script,
@@ -25,6 +24,7 @@ from gpujobs_trainer.launch import (
 )
 from gpujobs_trainer.outcome import JobOutcome, WorkerOutcome, decide_exit, read_outcomes, write_outcome
 from gpujobs_trainer.outputs import tensorboard_env
+from gpujobs_trainer.workers import child_pids
 
 COMMAND = ["python", "train.py", "--note", "a; rm -rf / $(whoami)"]
 

@@ -24,8 +24,9 @@ from gpujobs_trainer import CRASH_EXIT_CODE, PREEMPTED_EXIT_CODE, SUCCESS_EXIT_C
 from gpujobs_trainer.code_archive import CodeArchiveError, fetch, unpack
 from gpujobs_trainer.directory_sync import DirectorySync, Entry, LocalObjects, Manifest
 from gpujobs_trainer.errors import SYNC_FAILED_EXIT_CODE, CheckpointError
-from gpujobs_trainer.script_checkpoints import catches, script_exit
+from gpujobs_trainer.script_checkpoints import script_exit
 from gpujobs_trainer.sync_manifest import MANIFESTS
+from gpujobs_trainer.workers import catches
 from tests.training.harness import PYTHON, job_env
 
 SCRIPT = Path(__file__).with_name("own_snapshots_train.py")

@@ -65,9 +65,10 @@ from gpujobs_trainer.outputs import (
     tensorboard_env,
     upload_and_wait,
 )
-from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, catches, checkpoint_mode
-from gpujobs_trainer.stack_dumps import Worker, child_pids, dump_and_upload, nccl_flight_recorder_env, rank_of
+from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, checkpoint_mode
+from gpujobs_trainer.stack_dumps import dump_and_upload, nccl_flight_recorder_env
 from gpujobs_trainer.torchrun_output import TorchrunStderr
+from gpujobs_trainer.workers import Worker, catches, child_pids, rank_of
 
 log = logging.getLogger("gpujobs_trainer.launch")
 

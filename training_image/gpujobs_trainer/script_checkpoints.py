@@ -79,23 +79,6 @@ def script_exit(*, torchrun_code: int, stopped: bool, synced: bool) -> JobOutcom
     return JobOutcome(CRASH_EXIT_CODE, "crashed")
 
 
-def signals_caught(pid: int, proc_root: Path = Path("/proc")) -> int:
-    """The bitmask of signals ``pid`` has a handler for (SigCgt in /proc/<pid>/status; 0 if gone)."""
-    try:
-        status = (proc_root / str(pid) / "status").read_text()
-    except OSError:
-        return 0
-    for line in status.splitlines():
-        if line.startswith("SigCgt:"):
-            return int(line.split()[1], 16)
-    return 0
-
-
-def catches(pid: int, signum: int, proc_root: Path = Path("/proc")) -> bool:
-    """Whether ``pid`` handles ``signum`` (sending it would not run the default action)."""
-    return bool(signals_caught(pid, proc_root) >> (signum - 1) & 1)
-
-
 class ProgressReports:
     """Node 0's reports for a script without the library: a `Checkpoint Committed` per synced
     manifest and a `Training Heartbeat` every ``interval`` seconds while the script runs."""

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO
 
 from gpujobs_trainer.outputs import upload_and_wait, write_then_rename
+from gpujobs_trainer.workers import Worker, catches
 
 log = logging.getLogger("gpujobs_trainer.stack_dumps")
 
@@ -82,14 +83,6 @@ def install_faulthandler(env: Mapping[str, str], *, rank: int) -> bool:
     return True
 
 
-def _catches(pid: int, signum: int) -> bool:
-    """Whether ``pid`` handles ``signum``; imported on use: a worker that only installs its dump
-    (``install_faulthandler``) never loads the script checkpoints' dependencies (boto3)."""
-    from gpujobs_trainer.script_checkpoints import catches
-
-    return catches(pid, signum)
-
-
 def rank_file(rank: int | None) -> str:
     return f"rank-{rank:05d}.txt" if rank is not None else "rank-unknown.txt"
 
@@ -128,26 +121,6 @@ def dump_and_upload(
 
 
 @dataclass(frozen=True)
-class Worker:
-    pid: int
-    rank: int | None
-    """Its global rank (RANK in its environment); None when /proc does not say."""
-
-
-def rank_of(pid: int, proc_root: Path = Path("/proc")) -> int | None:
-    """The RANK torchrun gave ``pid``, read from its environment; None if unreadable."""
-    try:
-        raw = (proc_root / str(pid) / "environ").read_bytes()
-    except OSError:
-        return None
-    for entry in raw.split(b"\0"):
-        if entry.startswith(b"RANK="):
-            with contextlib.suppress(ValueError):
-                return int(entry[5:])
-    return None
-
-
-@dataclass(frozen=True)
 class Dump:
     worker: Worker
     how: str
@@ -163,7 +136,7 @@ class StackDumper:
     stacks_dir: Path
     node_rank: int
     py_spy: str | None = None
-    catches: Callable[[int, int], bool] = field(default=_catches)
+    catches: Callable[[int, int], bool] = field(default=catches)
     py_spy_timeout: float = PY_SPY_TIMEOUT
     faulthandler_wait: float = FAULTHANDLER_WAIT
 
@@ -258,20 +231,3 @@ def first_dump_end(text: str) -> int | None:
         if previous and line.startswith(("Thread 0x", "Current thread 0x")):
             return offset
     return None
-
-
-def child_pids(parent: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """Direct children of ``parent`` (torchrun's workers), read from /proc."""
-    children = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Format: "pid (comm) state ppid ..."; comm may contain spaces, so split after ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == parent:
-            children.append(int(entry.name))
-    return children
