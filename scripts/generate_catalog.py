@@ -38,7 +38,8 @@ NOTE = (
     "Generated, never edited by hand: run `python scripts/generate_catalog.py` (moto's data moves with moto's "
     "release; `--check` says when this file is stale). Per type: `gpus` is the GPUs the instance shows its OS "
     "(a fractional type, `gpu_partition` < 1, shows one), `gpu_memory_mib` their total memory, `efa_interfaces` "
-    "NetworkInfo.EfaInfo.MaximumEfaInterfaces (0: no EFA), `instance_store_gb` the NVMe instance store (0: none). "
+    "NetworkInfo.EfaInfo.MaximumEfaInterfaces (0: no EFA), `instance_store_gb` the NVMe instance store (0: none), "
+    "`network_gbps` the sum of its network cards' BaselineBandwidthInGbps. "
     "`zones`: per region, the availability zones DescribeInstanceTypeOfferings listed for the type; the launcher "
     "asks EC2 itself at run time and falls back to these. Prices are not here: ondemand_prices.json."
 )
@@ -72,6 +73,7 @@ def type_facts(described: Mapping[str, Any]) -> dict[str, Any]:
         "instance_store_gb": int((described.get("InstanceStorageInfo") or {}).get("TotalSizeInGB", 0)),
         "memory_mib": int(described["MemoryInfo"]["SizeInMiB"]),
         "network_cards": int(network.get("MaximumNetworkCards", 1)),
+        "network_gbps": round(sum(float(c.get("BaselineBandwidthInGbps", 0)) for c in network.get("NetworkCards") or []), 3),
         "vcpus": int(described["VCpuInfo"]["DefaultVCpus"]),
     }
     partition = min((float(g.get("GpuPartitionSize", 1.0)) for g in gpus), default=1.0)

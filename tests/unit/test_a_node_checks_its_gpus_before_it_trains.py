@@ -93,6 +93,7 @@ def test_a_healthy_p4d_node_passes_and_each_tool_is_run_as_an_argv_list() -> Non
     health = check_node(expected_gpus=8, run=run)
 
     assert health.ok, health.problems
+    assert health.gpus_seen  # so its gang's all-reduce is judged against the type's floor
     assert run.calls == [list(NVIDIA_SMI_ARGV), list(DCGMI_ARGV), list(DMESG_ARGV)]
     assert (
         NVIDIA_SMI_ARGV[1] == "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending"
@@ -149,6 +150,8 @@ def test_a_host_without_nvidia_smi_or_a_cpu_type_has_no_gpus_to_check() -> None:
     on_cpu = check_node(expected_gpus=0, run=cpu)
 
     assert local.ok
+    assert not local.gpus_seen
+    assert not on_cpu.gpus_seen
     assert local.summary() == "no GPUs to check (no nvidia-smi on this host)"
     assert on_cpu.ok
     assert on_cpu.summary() == "no GPUs to check (a CPU type)"

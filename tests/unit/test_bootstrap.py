@@ -232,6 +232,7 @@ def test_the_workload_gets_literal_strings_and_the_gpujobs_contract(
         "GPUJOBS_CHECKPOINT_MODE": "gpujobs",
         "GPUJOBS_EVENT_BUS": bus.name,
         "GPUJOBS_INSTANCE_ID": INSTANCE_ID,
+        "GPUJOBS_INSTANCE_TYPE": "g5.xlarge",  # no GPUJOBS_INTERCONNECT_FLOOR_GBS: a single node has no gang to measure
     }
     assert seen["env"]["AWS_REGION"] == seen["env"]["AWS_DEFAULT_REGION"] == "us-east-1"
     assert seen["env"]["AWS_ENDPOINT_URL"] == moto_endpoint
@@ -780,6 +781,25 @@ def test_a_document_cannot_wait_for_its_own_or_a_later_attempt() -> None:
     assert rundoc.check_document({**doc, "wait_for_attempt": 2})["wait_for_attempt"] == 2
     with pytest.raises(errors.BootstrapError, match="wait_for_attempt 3 is not an earlier attempt"):
         rundoc.check_document({**doc, "wait_for_attempt": 3})
+
+
+def test_a_document_whose_interconnect_floors_are_not_gb_per_second_by_type_is_refused() -> None:
+    doc = {
+        "job_id": "j",
+        "attempt": 1,
+        "name": "n",
+        "image": "img",
+        "command": ["python"],
+        "checkpoint_uri": "s3://b/k",
+    }
+
+    assert rundoc.check_document({**doc, "interconnect_floors": {"p4d.24xlarge": 12.5}})["interconnect_floors"] == {
+        "p4d.24xlarge": 12.5
+    }
+    assert rundoc.check_document(doc)["interconnect_floors"] == {}
+    for bad in ({"p4d.24xlarge": "12.5"}, {"p4d.24xlarge": -1}, {"p4d.24xlarge": True}):
+        with pytest.raises(errors.BootstrapError, match="interconnect_floors must map instance type names to GB/s"):
+            rundoc.check_document({**doc, "interconnect_floors": bad})
 
 
 # --- docker runtime (a fake docker CLI) --------------------------------------------------------

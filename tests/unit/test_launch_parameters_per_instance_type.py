@@ -177,3 +177,40 @@ def test_the_run_document_names_each_gpu_types_gpus_from_the_catalog_for_the_nod
     doc = a_document(job, attempt)
 
     assert doc["gpu_counts"] == {"p5.48xlarge": 8, "p4d.24xlarge": 8, "g5.xlarge": 1}  # c7i has none to check
+
+
+def test_a_multi_node_gang_on_efa_is_judged_against_a_quarter_of_its_fabrics_documented_bandwidth() -> None:
+    types = ["p4d.24xlarge", "p5.48xlarge", "g5.12xlarge", "g5.xlarge", "c7i.large"]
+    job, attempt = a_job(nodes=2, instance_types=types)
+
+    floors = a_document(job, attempt)["interconnect_floors"]
+
+    # 400 Gbps = 50 GB/s, 3200 Gbps = 400 GB/s, 40 Gbps = 5 GB/s (the catalog's cards' baselines together);
+    # g5.xlarge and c7i.large launch without EFA: no documented figure for NCCL over TCP, measured only
+    assert floors == {"p4d.24xlarge": 12.5, "p5.48xlarge": 100.0, "g5.12xlarge": 1.25}
+    assert packaged_catalog()["p4d.24xlarge"].network_gbps == 400.0
+
+
+def test_a_single_node_measures_no_interconnect() -> None:
+    job, attempt = a_job(nodes=1, instance_types=["p4d.24xlarge"])
+
+    assert a_document(job, attempt)["interconnect_floors"] == {}
+
+
+def test_after_two_slow_gangs_in_a_row_the_next_one_trains_at_what_it_gets() -> None:
+    """Fresh hosts twice below the floor say the image's NCCL setup or the type is the cause, not the
+    hosts: the third gang measures and logs only, rather than the job failing for its fabric."""
+    job, _ = a_job(nodes=2, instance_types=["p4d.24xlarge"])
+
+    def ended(number: int, reason: str) -> Attempt:
+        return Attempt(number=number, started_at=NOW, ended_at=NOW, end_reason=reason)
+
+    once = job.model_copy(update={"attempts": (ended(1, "crashed"), ended(2, "slow-interconnect"))})
+    twice = job.model_copy(update={"attempts": (ended(1, "slow-interconnect"), ended(2, "slow-interconnect"))})
+    broken = job.model_copy(
+        update={"attempts": (ended(1, "slow-interconnect"), ended(2, "slow-interconnect"), ended(3, "crashed"))}
+    )
+
+    assert a_document(once, Attempt(number=3, started_at=NOW))["interconnect_floors"] == {"p4d.24xlarge": 12.5}
+    assert a_document(twice, Attempt(number=3, started_at=NOW))["interconnect_floors"] == {}
+    assert a_document(broken, Attempt(number=4, started_at=NOW))["interconnect_floors"] == {"p4d.24xlarge": 12.5}

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from gpujobs.instance import runtimes
+from gpujobs.instance.contract import INTERCONNECT_FLOOR_ENV
 from gpujobs.instance.hardware import efa_devices, interface_addresses, interface_holding, staging_base
+from gpujobs.instance.node_outcome import interconnect_floor
 from gpujobs.instance.workload_env import container_env
 
 P5 = "p5.48xlarge"
@@ -155,3 +157,24 @@ def test_docker_run_without_efa_gets_no_device_and_the_default_memlock(
 
     assert not any(a.startswith("--device") for a in argv)
     assert "--ulimit" not in argv
+
+
+def test_a_gang_on_a_gpu_host_is_told_its_types_all_reduce_floor_and_a_single_node_is_told_none() -> None:
+    doc = {**DOC, "interconnect_floors": {P5: 100.0}}
+
+    floor = interconnect_floor(doc, P5, gpus_seen=True)
+    env = an_env(instance_type=P5, interconnect_floor=floor)
+
+    assert env[INTERCONNECT_FLOOR_ENV] == "100.000"
+    assert env["GPUJOBS_INSTANCE_TYPE"] == P5
+    assert interconnect_floor({**doc, "nodes": 1}, P5, gpus_seen=True) is None
+    assert INTERCONNECT_FLOOR_ENV not in an_env(instance_type=P5, interconnect_floor=None)
+
+
+def test_a_host_without_gpus_or_a_type_without_a_floor_measures_and_logs_only() -> None:
+    """A CPU's gloo figure (the local cloud, a CPU type) says nothing of the type's fabric: floor 0."""
+    doc = {**DOC, "interconnect_floors": {P5: 100.0}}
+
+    assert interconnect_floor(doc, P5, gpus_seen=False) == 0.0
+    assert interconnect_floor(doc, "g5.xlarge", gpus_seen=True) == 0.0
+    assert an_env(interconnect_floor=0.0)[INTERCONNECT_FLOOR_ENV] == "0.000"

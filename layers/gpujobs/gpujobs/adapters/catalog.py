@@ -52,6 +52,8 @@ class InstanceTypeFacts:
     """us-east-1 on-demand list price, USD per instance-hour; None when the price table lacks the type."""
     gpu_partition: float = 1.0
     """The share of one GPU a fractional type (g6f) has; 1 otherwise."""
+    network_gbps: float = 0.0
+    """Its network cards' BaselineBandwidthInGbps together."""
 
 
 class CatalogError(ValueError):
@@ -94,6 +96,7 @@ def packaged_catalog() -> dict[str, InstanceTypeFacts]:
             architectures=tuple(facts["architectures"]),
             hourly_usd=prices.get(name),
             gpu_partition=float(facts.get("gpu_partition", 1.0)),
+            network_gbps=float(facts.get("network_gbps", 0.0)),
         )
         for name, facts in types.items()
     }
@@ -126,9 +129,10 @@ def packaged_hardware() -> dict[str, InstanceHardware]:
     interface, as a type outside the catalog does, rather than with a layout EC2 refuses."""
     return {
         name: InstanceHardware(
-            efa_interfaces=facts.efa_interfaces if facts.efa_interfaces == facts.network_cards else 0,
+            efa_interfaces=(efa := facts.efa_interfaces if facts.efa_interfaces == facts.network_cards else 0),
             instance_store_gb=facts.instance_store_gb,
             gpus=facts.gpus,
+            fabric_gbps=facts.network_gbps if efa else 0.0,
         )
         for name, facts in packaged_catalog().items()
     }

@@ -9,6 +9,15 @@ it holds the private IP the rendezvous and NCCL's TCP bootstrap use); every othe
 shares anyway (one rung, one subnet), and the job's self-ingress security group admits it.
 A single node talks over NVLink/PCIe only, so it launches with the one plain interface as before.
 
+A multi-node gang launched with EFA first measures its all-reduce bus bandwidth (the launcher,
+`gpujobs_trainer.interconnect`) against a floor of `INTERCONNECT_FLOOR_SHARE` of that fabric's
+documented bandwidth: far above what NCCL gets when it silently falls back to TCP on one card (a
+missing aws-ofi-nccl, an EFA down), far enough below the fabric's figure that a short run on good
+hosts meets it. A gang below it is relaunched on other hosts (`ExitCode.SLOW_INTERCONNECT`). Without
+EFA there is no documented figure for NCCL's TCP transport, so such gangs measure and log only, as
+does the attempt after `INTERCONNECT_RELAUNCHES` slow gangs in a row (then the image's NCCL setup or
+the type, not the hosts, is the likelier cause, and the job trains at what it gets rather than failing).
+
 Types with an NVMe instance store stage checkpoints there (the DLAMI mounts it at /opt/dlami/nvme,
 `gpujobs.instance.hardware`); the others stage on the root volume, whose gp3 throughput and IOPS the
 launch template raises. The facts per type are a packaged table (`adapters.catalog`); these rules
@@ -30,6 +39,15 @@ class InstanceHardware:
     """NVMe instance store size; 0 when it has none."""
     gpus: int = 0
     """GPUs the type has: what a node's GPU check expects nvidia-smi to see (`gpujobs.instance.gpu_health`)."""
+    fabric_gbps: float = 0.0
+    """The documented bandwidth of the fabric a multi-node gang of the type gets: its network cards'
+    baseline together when every card carries an EFA interface; 0 when it launches without EFA."""
+
+
+INTERCONNECT_FLOOR_SHARE = 0.25
+"""The share of the fabric's documented bandwidth a gang's all-reduce bus bandwidth must reach."""
+INTERCONNECT_RELAUNCHES = 2
+"""Gangs in a row found below the floor after which the next one measures and logs only."""
 
 
 class InterfaceType(StrEnum):
@@ -76,3 +94,16 @@ def instance_store_types(hardware: Mapping[str, InstanceHardware], *, instance_t
 def gpu_counts(hardware: Mapping[str, InstanceHardware], *, instance_types: Iterable[str]) -> dict[str, int]:
     """Of the types a job may launch on, the GPUs of each known GPU type (its run document names them)."""
     return {t: facts.gpus for t in instance_types if (facts := hardware.get(t)) is not None and facts.gpus > 0}
+
+
+def interconnect_floors(
+    hardware: Mapping[str, InstanceHardware], *, instance_types: Iterable[str], nodes: int
+) -> dict[str, float]:
+    """Of the types a job may launch on, the all-reduce floor in GB/s of each one a gang of `nodes`
+    launches with EFA (the run document names them; a type left out measures and logs only)."""
+    floors = {}
+    for name in efa_instance_types(hardware, instance_types=instance_types, nodes=nodes):
+        fabric = hardware[name].fabric_gbps
+        if fabric > 0:
+            floors[name] = round(fabric / 8 * INTERCONNECT_FLOOR_SHARE, 3)
+    return floors

@@ -14,7 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpujobs.domain.hardware import InstanceHardware, efa_instance_types, gpu_counts, instance_store_types
+from gpujobs.domain.hardware import (
+    INTERCONNECT_RELAUNCHES,
+    InstanceHardware,
+    efa_instance_types,
+    gpu_counts,
+    instance_store_types,
+    interconnect_floors,
+)
 from gpujobs.domain.job import Attempt, Job
 from gpujobs.domain.job_access import job_prefix, outputs_uri
 from gpujobs.domain.spec_parts import setup_argv
@@ -109,6 +116,14 @@ class RunDocument(BaseModel):
     gpu_counts: dict[str, int] = Field(default_factory=dict)
     """The GPUs of each of the spec's types, from the packaged catalog: a node's GPU check expects
     nvidia-smi to see them all (`gpujobs.instance.gpu_health`); a type left out is checked for `gpus_per_node`."""
+    interconnect_floors: dict[str, float] = Field(default_factory=dict)
+    """A multi-node gang's all-reduce floor in GB/s per type it launches with EFA (`domain.hardware`):
+    the container's launcher measures the gang's bus bandwidth before the job's code runs and exits
+    `ExitCode.SLOW_INTERCONNECT` below it. A type left out (or a single node) measures and logs only."""
+
+
+SLOW_INTERCONNECT_END = "slow-interconnect"
+"""`Reason.SLOW_INTERCONNECT`'s value: the end reason of an attempt whose gang was below the floor."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -203,5 +218,19 @@ def run_document(
         instance_store_types=instance_store_types(hardware or {}, instance_types=spec.instance_types),
         keep_on_failure_seconds=int(keep.total_seconds()) if (keep := spec.keeps_on_failure) else 0,
         gpu_counts=gpu_counts(hardware or {}, instance_types=spec.instance_types),
+        interconnect_floors={}
+        if slow_gangs_in_a_row(job, before=attempt.number) >= INTERCONNECT_RELAUNCHES
+        else interconnect_floors(hardware or {}, instance_types=spec.instance_types, nodes=spec.nodes),
         **access,
     )
+
+
+def slow_gangs_in_a_row(job: Job, *, before: int) -> int:
+    """The job's attempts numbered below `before`, newest first, that ended because their gang's
+    all-reduce was below the floor, until one that did not."""
+    count = 0
+    for attempt in sorted((a for a in job.attempts if a.number < before), key=lambda a: -a.number):
+        if attempt.end_reason != SLOW_INTERCONNECT_END:
+            break
+        count += 1
+    return count

@@ -59,7 +59,7 @@ from gpujobs.instance.hostagent import HostAgent
 from gpujobs.instance.imds import Imds
 from gpujobs.instance.job_secrets import resolve_secrets
 from gpujobs.instance.log import SINKS, log
-from gpujobs.instance.node_outcome import check_gpus, node_outcome
+from gpujobs.instance.node_outcome import check_gpus, interconnect_floor, node_outcome
 from gpujobs.instance.outputs import Outputs
 from gpujobs.instance.rendezvous import Place, rendezvous, wait_for_regroup
 from gpujobs.instance.report import exit_detail, publish_exit
@@ -173,7 +173,7 @@ def _run(
     state["doc"] = doc
     state["region"] = doc["region"] or facts["region"]
     log(f"job {doc['job_id']} attempt {doc['attempt']} on {facts['instance_id']}")
-    check_gpus(doc, facts["instance_type"])
+    floor = interconnect_floor(doc, facts["instance_type"], gpus_seen=check_gpus(doc, facts["instance_type"]))
     place = _rendezvous(args, clients, doc, facts)
     state["rank"] = place.rank
     if args.master_port is not None:
@@ -201,6 +201,8 @@ def _run(
             output_dir=output_dir,
             staging_dir=staging,
             socket_interface=interface,
+            instance_type=facts["instance_type"],
+            interconnect_floor=floor,
         )
         env.update(agent_env)
         code = _train(runtime, doc, env, private, stopper=stopper, place=place, outputs=(folder, job_clients))

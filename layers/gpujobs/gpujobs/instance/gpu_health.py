@@ -68,6 +68,8 @@ class Health:
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    gpus_seen: bool = False
+    """nvidia-smi ran: this host has GPUs (a CPU type or the local cloud has none to judge)."""
 
     @property
     def ok(self) -> bool:
@@ -174,6 +176,7 @@ def check_node(*, expected_gpus: int, run: Run = run_tool) -> Health:
         health.notes.append("no GPUs to check (no nvidia-smi on this host)")
         return health
     code, out = query
+    health.gpus_seen = True
     if code != 0:
         health.problems.append(f"nvidia-smi failed (exit {code}): {_last_line(out)}")
     else:

@@ -18,8 +18,9 @@ from gpujobs.instance.log import log
 from gpujobs.instance.runtimes import Runtime
 
 
-def check_gpus(doc: dict[str, Any], instance_type: str) -> None:
-    """This node's GPU check (`gpu_health.check_node`) against the type's GPUs; raises when it fails."""
+def check_gpus(doc: dict[str, Any], instance_type: str) -> bool:
+    """This node's GPU check (`gpu_health.check_node`) against the type's GPUs; raises when it fails.
+    Whether the host has GPUs to judge (nvidia-smi ran)."""
     expected = doc["gpu_counts"].get(instance_type, doc["gpus_per_node"]) if doc["gpus_per_node"] > 0 else 0
     health = check_node(expected_gpus=expected)
     for note in health.notes:
@@ -27,6 +28,16 @@ def check_gpus(doc: dict[str, Any], instance_type: str) -> None:
     if not health.ok:
         raise UnhealthyNodeError(f"GPU check failed on {instance_type}: {health.summary()}")
     log(f"GPU check passed ({expected} GPU(s) expected)" if expected else "GPU check: nothing to check")
+    return health.gpus_seen
+
+
+def interconnect_floor(doc: dict[str, Any], instance_type: str, *, gpus_seen: bool) -> float | None:
+    """The all-reduce floor (GB/s) this node's launcher judges its gang by: None for a single node (no
+    check), 0 where there is nothing to judge (a type without one in the document, a host without GPUs:
+    a CPU's gloo figure says nothing of the fabric), which measures and logs only."""
+    if doc["nodes"] < 2:
+        return None
+    return float(doc["interconnect_floors"].get(instance_type, 0.0)) if gpus_seen else 0.0
 
 
 def node_outcome(

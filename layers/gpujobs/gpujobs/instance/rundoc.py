@@ -64,6 +64,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "instance_store_types": (list, []),
     "keep_on_failure_seconds": (int, 0),
     "gpu_counts": (dict, {}),
+    "interconnect_floors": (dict, {}),
 }
 """Field name -> (type, default); `_REQUIRED` marks a field without a default."""
 
@@ -136,6 +137,9 @@ def check_document(data: dict[str, Any]) -> dict[str, Any]:
         raise BootstrapError("efa_instance_types and instance_store_types must be lists of instance type names")
     if not all(isinstance(t, str) and type(n) is int and n >= 0 for t, n in doc["gpu_counts"].items()):
         raise BootstrapError("gpu_counts must map instance type names to GPU counts")
+    floors = doc["interconnect_floors"].items()
+    if not all(isinstance(t, str) and type(f) in (int, float) and 0 <= f < 1e6 for t, f in floors):
+        raise BootstrapError("interconnect_floors must map instance type names to GB/s from 0")
     if not all(isinstance(c, list) and c and all(isinstance(a, str) for a in c) for c in doc["setup"]):
         raise BootstrapError("setup must be a list of commands, each a non-empty list of strings")
     if doc["team"] and not TEAM_NAME.match(doc["team"]):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpujobs.instance.contract import CHECKPOINT_KEY_ENV, OUTPUT_DIR_ENV, REPORT_KEY_ENV
+from gpujobs.instance.contract import CHECKPOINT_KEY_ENV, INTERCONNECT_FLOOR_ENV, OUTPUT_DIR_ENV, REPORT_KEY_ENV
 from gpujobs.instance.hardware import SOCKET_INTERFACE_ENVS
 
 
@@ -24,12 +24,15 @@ def container_env(
     output_dir: str = "",
     staging_dir: str = "",
     socket_interface: str | None = None,
+    instance_type: str = "",
+    interconnect_floor: float | None = None,
 ) -> dict[str, str]:
     """The spec's env plus the GPUJOBS_* contract (which wins on a name clash).
 
     `output_dir` is the output folder as the workload sees it (the runtime's `outputs_folder`),
     `staging_dir` the checkpoint staging folder (`staging_folder`); `socket_interface` the host's
-    primary interface, named to NCCL and gloo unless the spec's env names one itself."""
+    primary interface, named to NCCL and gloo unless the spec's env names one itself;
+    `interconnect_floor` the gang's all-reduce floor in GB/s (`node_outcome.interconnect_floor`: None, no check)."""
     env = dict(doc["env"])
     env.update(doc["trainer_env"])
     env.update(
@@ -66,6 +69,10 @@ def container_env(
         env[OUTPUT_DIR_ENV] = output_dir
     if staging_dir:
         env["GPUJOBS_LOCAL_CHECKPOINT_DIR"] = staging_dir
+    if instance_type:
+        env["GPUJOBS_INSTANCE_TYPE"] = instance_type
+    if interconnect_floor is not None:  # the launcher measures the gang's all-reduce before the job's code runs
+        env[INTERCONNECT_FLOOR_ENV] = f"{interconnect_floor:.3f}"
     if socket_interface:
         for name in SOCKET_INTERFACE_ENVS:
             env.setdefault(name, socket_interface)
