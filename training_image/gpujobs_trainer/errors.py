@@ -21,6 +21,12 @@ SYNC_FAILED_EXIT_CODE = 74
 but the last sync of its folder failed after retries, so what it saved since the previous sync is not
 in S3. Not a crash of the script: a retry resumes from the last complete sync."""
 
+SLOW_INTERCONNECT_EXIT_CODE = 123
+"""A multi-node gang's all-reduce bus bandwidth, measured by the launcher before any of the job's code
+ran (`interconnect`), is below the floor the bootstrap set (GPUJOBS_INTERCONNECT_FLOOR_GBS: a quarter
+of the type's network). Not the job's fault: the control plane relaunches the gang on other hosts
+without spending an attempt."""
+
 COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
 """The training command's program exists but cannot be executed (as a shell and `docker run` report it)."""
 

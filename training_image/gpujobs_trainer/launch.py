@@ -22,8 +22,9 @@ that stopped at a warning (75) leaves the report to the bootstrap, which may sta
 gang regroups around a reclaimed node's replacement (`regroup_may_follow`).
 
 Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
-working directory (`code_archive`), its ``requirements:`` installed into a cached venv layered on
-the image and its ``setup:`` commands run (`dependencies`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
+working directory (`code_archive`), a multi-node gang's all-reduce bandwidth checked against its floor
+(`interconnect`: 123 below it, before any of the job's code runs), its ``requirements:`` installed
+into a cached venv layered on the image and its ``setup:`` commands run (`dependencies`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
 ``directory`` or ``none``) get their checkpoint folder, its sync and their exit code from
 `script_checkpoints`, and never SIGUSR1; node 0's launcher reports their progress (each sync, and
 a heartbeat while the script runs), which such a script cannot do itself.
@@ -46,13 +47,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
-from gpujobs_trainer import code_archive, dependencies
+from gpujobs_trainer import code_archive, dependencies, interconnect
 from gpujobs_trainer.errors import (
     COMMAND_NOT_EXECUTABLE_EXIT_CODE,
     COMMAND_NOT_FOUND_EXIT_CODE,
     CONFIG_ERROR_EXIT_CODE,
     CRASH_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
+    SLOW_INTERCONNECT_EXIT_CODE,
     CheckpointError,
     ConfigError,
 )
@@ -400,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         env.update(tensorboard_env(env))
         plan = plan_from_env(env, command, gpu_count=_gpu_count(env))
         own = prepare(plan, env, Path.cwd())
+        check = replace(plan, rdzv_id=plan.rdzv_id + interconnect.RDZV_SUFFIX)
+        if slow := interconnect.gate(env, lambda command: torchrun_argv(replace(check, command=tuple(command)))):
+            log.error("%s", slow)  # the last line: the exit's message; the bootstrap reports the 123
+            return SLOW_INTERCONNECT_EXIT_CODE
         env, python = dependencies.make_ready(env, Path.cwd(), setup_env=own.env if own else None)
         plan = replace(plan, command=expand_argv(plan.command, {**env, **(own.env if own else {})}))
     except (ConfigError, CheckpointError) as exc:
