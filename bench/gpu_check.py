@@ -14,9 +14,11 @@ catalog's GPUs for `--instance-type`, `dcgmi diag -r 1` where DCGM is installed,
 needs no torch.
 
 `--all-reduce` measures the gang's collective bandwidth: run it under torchrun on every GPU of every
-node; rank 0 prints the all-reduce's algorithm and bus bandwidth (nccl-tests' busbw: algbw * 2(n-1)/n)
-per message size. The figure is reported only: gpujobs does not yet compare it with a per-type
-expectation nor act on it (docs/instance.md). On CPU it runs over gloo (a smoke run, not a figure).
+node; rank 0 prints the all-reduce's algorithm and bus bandwidth (nccl-tests' busbw: algbw * 2(n-1)/n,
+the slowest rank's time) per message size, measured by the launcher's own check
+(`gpujobs_trainer.interconnect.measure`). The launcher runs that check before every multi-node gang
+trains and exits 123 when the 256 MiB figure is below a quarter of the type's network bandwidth
+(docs/training.md). On CPU it runs over gloo (a smoke run, not a figure).
 
     python bench/gpu_check.py --health --instance-type p4d.24xlarge
     torchrun --standalone --nproc-per-node 8 bench/gpu_check.py --all-reduce
@@ -91,40 +93,28 @@ def health(args: argparse.Namespace) -> int:
 
 def all_reduce(args: argparse.Namespace) -> int:
     """One rank of the all-reduce bandwidth check; rank 0 prints algbw and busbw per size."""
-    import torch
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
+    from gpujobs_trainer import interconnect
+
     if "RANK" not in os.environ:
         print("gpu_check all-reduce: run it under torchrun (a world of one has no bus bandwidth)")
         return 0
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    world, device = dist.get_world_size(), torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    device = interconnect.start_group()
     results = []
     for mb in (int(x) for x in args.sizes_mb.split(",")):
-        tensor = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
-        for _ in range(3):  # warm-up: communicators, buffers
-            dist.all_reduce(tensor)
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        started = time.perf_counter()
-        steps = max(1, args.steps // 5)
-        for _ in range(steps):
-            dist.all_reduce(tensor)
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = (time.perf_counter() - started) / steps
-        algbw = tensor.numel() * 4 / seconds / 1e9
+        figure = interconnect.measure(device, nbytes=mb * 2**20, iterations=max(1, args.steps // 5))
         results.append(
-            {"mib": mb, "ms": seconds * 1e3, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (world - 1) / world}
+            {
+                "mib": mb,
+                "ms": figure.seconds * 1e3,
+                "algbw_gbps": figure.bytes / figure.seconds / 1e9,
+                "busbw_gbps": figure.busbw_gbs,
+            }
         )
     if dist.get_rank() == 0:
-        backend = "nccl" if cuda else "gloo (CPU: a smoke run, not a figure)"
-        print(f"all-reduce over {world} rank(s), {backend}:")
+        backend = "nccl" if device.type == "cuda" else "gloo (CPU: a smoke run, not a figure)"
+        print(f"all-reduce over {dist.get_world_size()} rank(s), {backend}:")
         for r in results:
             print(
                 f"  {r['mib']:>5} MiB  {r['ms']:8.2f} ms  algbw {r['algbw_gbps']:7.2f} GB/s  busbw {r['busbw_gbps']:7.2f} GB/s"
