@@ -73,7 +73,9 @@ def type_facts(described: Mapping[str, Any]) -> dict[str, Any]:
         "instance_store_gb": int((described.get("InstanceStorageInfo") or {}).get("TotalSizeInGB", 0)),
         "memory_mib": int(described["MemoryInfo"]["SizeInMiB"]),
         "network_cards": int(network.get("MaximumNetworkCards", 1)),
-        "network_gbps": round(sum(float(c.get("BaselineBandwidthInGbps", 0)) for c in network.get("NetworkCards") or []), 3),
+        "network_gbps": round(
+            sum(float(c.get("BaselineBandwidthInGbps", 0)) for c in network.get("NetworkCards") or []), 3
+        ),
         "vcpus": int(described["VCpuInfo"]["DefaultVCpus"]),
     }
     partition = min((float(g.get("GpuPartitionSize", 1.0)) for g in gpus), default=1.0)

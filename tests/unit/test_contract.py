@@ -144,6 +144,8 @@ def test_the_bootstrap_tells_the_workload_exactly_the_contracts_variables() -> N
         instance_id="i-0123456789abcdef0",
         region="us-east-1",
         output_dir="/var/lib/gpujobs/outputs",
+        instance_type="p4d.24xlarge",
+        interconnect_floor=12.5,
     )
     assert sorted(k for k in env if k.startswith("GPUJOBS_")) == sorted(contract.WORKLOAD_ENV)
 

@@ -122,6 +122,8 @@ WORKLOAD_ENV: tuple[str, ...] = (
     "GPUJOBS_SETUP",
     "GPUJOBS_REQUIREMENTS",
     "GPUJOBS_VENV_CACHE_URI",
+    "GPUJOBS_INSTANCE_TYPE",
+    "GPUJOBS_INTERCONNECT_FLOOR_GBS",
 )
 """What the bootstrap tells the training container (the trainer reads these; a spec may not set them)."""
 TRAINER_SETTING_VARIABLES = {
