@@ -27,7 +27,14 @@ from gpujobs.domain import keep, retention
 from gpujobs.domain.admission import plan
 from gpujobs.domain.budget import BudgetMode, launch_hold
 from gpujobs.domain.deadline import DeadlineMarkets, launch_markets, time_trained
-from gpujobs.domain.fate import BOOT_DEATH_LIMIT, BOOT_WINDOW, MISCONFIGURED_EXIT_CODES
+from gpujobs.domain.fate import (
+    BOOT_DEATH_LIMIT,
+    BOOT_WINDOW,
+    MISCONFIGURED_EXIT_CODES,
+    UNHEALTHY_LIMIT,
+    Verdict,
+    unhealthy_in_a_row,
+)
 from gpujobs.domain.gangs import RECLAIM_GRACE, SPOT_WARNING_WINDOW, placement_group_of
 from gpujobs.domain.hangs import HANG_DUMP_WAIT, launched_at
 from gpujobs.domain.idle_detection import GPU_METRIC_GRACE
@@ -78,7 +85,9 @@ FALLBACKS = {
 EXIT_CODES = (ExitCode.SUCCEEDED, ExitCode.PREEMPTED, ExitCode.CRASHED, ExitCode.SYNC_FAILED)
 CONFIG_ERROR_CODES = (ExitCode.CONFIG_ERROR, 2)
 HARDWARE_CODES = (ExitCode.UNHEALTHY_NODE, ExitCode.HARDWARE_FAULT)
-HARDWARE_REASONS = frozenset({Reason.UNHEALTHY_NODE, Reason.HARDWARE_FAULT})
+HARDWARE_REASONS = frozenset({Reason.UNHEALTHY_NODE, Reason.HARDWARE_FAULT, Reason.SLOW_INTERCONNECT})
+"""Endings by the gang's hosts (a failed GPU check, a hardware fault, an all-reduce below the floor):
+never counted as a crash or an interruption (`_unhealthy_nodes_counted`)."""
 CRASH_REASONS = frozenset(
     {Reason.CRASHED_RETRYING, Reason.CRASHED_TOO_OFTEN, Reason.SYNC_FAILED, Reason.INSTANCE_LOST, Reason.CONFIG_ERROR}
 )
@@ -628,6 +637,7 @@ class SimulatedCloud:
         problems += self._objects_deleted_early(jobs)
         problems += self._kept_work_that_shrank(jobs)
         problems += self._unhealthy_nodes_counted(jobs)
+        problems += self._slow_interconnects_judged(jobs)
         problems += self.moves_broken_early
         problems += self.zone_orders_broken
         problems += self._ledger_and_quotas(jobs)
@@ -725,6 +735,35 @@ class SimulatedCloud:
                     f"{job.job_id}: an unhealthy node counted (crashes {crashes}->{job.crashes}, interruptions"
                     f" {interruptions}->{job.interruptions}) with {[e.reason.value for e in new]}"
                 )
+        return problems
+
+    @staticmethod
+    def _slow_interconnects_judged(jobs: dict[str, Job]) -> list[str]:
+        """An attempt ends slow-interconnect only on a node's 123 while its gang, as it stood, had made
+        no progress (no heartbeat and no commit or sync since it formed): a 123 after that is the
+        workload's own exit, judged a crash, and never a configuration error. Its pool is never
+        scored down for it, and the job fails slow-interconnect only after `UNHEALTHY_LIMIT` attempts
+        in a row ended by their hosts."""
+        problems = []
+        for job in jobs.values():
+            scored = {r.key for r in reclaims_of(job)}
+            for a in job.attempts:
+                if not a.is_over or ExitCode.SLOW_INTERCONNECT not in a.exit_codes.values():
+                    continue
+                formed = a.regroup.launched_at if a.regroup and a.regroup.launched_at else a.started_at
+                trained = any(t is not None and t >= formed for t in (a.last_heartbeat_at, a.checkpoint_at))
+                if a.end_reason == Verdict.SLOW_INTERCONNECT.value and trained:
+                    problems.append(f"{job.job_id}: attempt {a.number}'s 123 after progress ended it slow-interconnect")
+                if a.end_reason == Verdict.MISCONFIGURED.value and set(a.exit_codes.values()) <= {0, 123}:
+                    problems.append(f"{job.job_id}: attempt {a.number}'s 123 was taken for a configuration error")
+                if a.end_reason == Verdict.SLOW_INTERCONNECT.value and f"{job.job_id}#{a.number}unhealthy" in scored:
+                    problems.append(f"{job.job_id}: attempt {a.number}'s slow interconnect scored its pool down")
+            last = job.history[-1] if job.history else None
+            failed_for_it = (
+                job.state is JobState.FAILED and last is not None and last.reason is Reason.SLOW_INTERCONNECT
+            )
+            if failed_for_it and unhealthy_in_a_row(job) < UNHEALTHY_LIMIT:
+                problems.append(f"{job.job_id} failed slow-interconnect after {unhealthy_in_a_row(job)} in a row")
         return problems
 
     def _objects_deleted_early(self, jobs: dict[str, Job]) -> list[str]:

@@ -8,7 +8,7 @@ everywhere at once; a warning for one node of a gang replaces that node in place
 when its pool has no room), EC2's spot placement scores changing, volatile spot and the way back to it, trainer reports (heartbeats, checkpoints, exits 0, 75, crashes and
 configuration errors; heartbeats held back while the Reports function is throttled), instance state
 changes delivered late, twice or never, a node whose GPU check fails (or whose hardware faults during
-training) at any point, a failed gang kept up for inspection (`keep_on_failure`) until its keep is
+training) at any point, a gang whose all-reduce is below its type's floor (exit 123) before or after it trained, a failed gang kept up for inspection (`keep_on_failure`) until its keep is
 over or a cancel, idle alarms, cancels, budget alerts, clock jumps, reconciler
 runs, reads of the table's stream by the Publisher function (late, or failing), team quotas, fair
 share, borrowing and priorities with the fleet drained or a team paused at any point (admission and
@@ -254,6 +254,25 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
         if gang:
             nodes = self.cloud.gangs()[gang]
             self.cloud.exit(gang, code, nodes=[nodes[node % len(nodes)]])
+
+    @rule(which=pick)
+    def gang_is_below_its_interconnect_floor(self, which: int) -> None:
+        """The launcher's all-reduce check (before `setup:` and the workload) finds the gang's bandwidth
+        below its type's floor: every node exits 123, at any point, and its reports may come twice,
+        late or never. Before the gang trained the gang is relaunched without counting a crash or an
+        interruption, ends once and scores no pool; after progress it is a crash
+        (`SimulatedCloud._slow_interconnects_judged`, `_unhealthy_nodes_counted`)."""
+        gang = self._gang(which)
+        if gang:
+            self.cloud.exit(gang, ExitCode.SLOW_INTERCONNECT, nodes=self.cloud.gangs()[gang])
+
+    @rule(which=pick, node=pick)
+    def one_node_exits_123_after_it_trained(self, which: int, node: int) -> None:
+        """A workload that exits 123 of its own once its gang has heartbeated: an ordinary crash."""
+        gang = self._gang(which)
+        if gang and self.cloud.steps.get(gang):
+            nodes = self.cloud.gangs()[gang]
+            self.cloud.exit(gang, ExitCode.SLOW_INTERCONNECT, nodes=[nodes[node % len(nodes)]])
 
     @rule(which=pick, node=pick)
     def one_node_crashes(self, which: int, node: int) -> None:

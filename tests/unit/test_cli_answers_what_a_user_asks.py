@@ -285,6 +285,30 @@ def test_status_shows_why_an_attempt_failed() -> None:
 
 
 # ---- a reader that goes away ------------------------------------------------------------------
+def test_status_shows_a_gang_relaunched_for_its_slow_interconnect_naming_the_nodes_and_the_figure() -> None:
+    said = "workload exited with 123: all-reduce bus bandwidth 3.10 GB/s across 2 nodes (16 ranks) is below the floor"
+    ended = attempt(
+        1,
+        hours=0.1,
+        market=Market.SPOT,
+        end_reason="slow-interconnect",
+        exit_codes={"i-1": 123},
+        error_line=said,
+        slow_interconnect={"i-1": said},
+    )
+    job = job_with(ended).transition(
+        JobState.QUEUED, Reason.SLOW_INTERCONNECT, now=NOW + HOUR, detail=f"slow interconnect: i-1: {said}"
+    )
+
+    page = render.job_status(job)
+    as_json = commands._status_json(job)
+
+    assert "slow-interconnect" in page
+    assert f"exit messages:\n  #1  {said}" in page
+    assert as_json["attempts"][0]["slow_interconnect"] == {"i-1": said}
+    assert as_json["history"][-1]["reason"] == "slow-interconnect"
+
+
 def test_a_reader_that_closes_early_gets_no_traceback() -> None:
     """`gpujobs validate ... | head -0`: the pipe is closed before the CLI writes its first byte."""
     read_end, write_end = os.pipe()

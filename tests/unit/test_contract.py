@@ -68,6 +68,7 @@ def test_the_bootstrap_reports_its_exit_as_the_reports_rule_expects() -> None:
     assert instance_contract.EXIT_PREEMPTED == contract.ExitCode.PREEMPTED
     assert instance_contract.EXIT_UNHEALTHY_NODE == contract.ExitCode.UNHEALTHY_NODE
     assert instance_contract.EXIT_HARDWARE_FAULT == contract.ExitCode.HARDWARE_FAULT
+    assert instance_contract.EXIT_SLOW_INTERCONNECT == contract.ExitCode.SLOW_INTERCONNECT
 
 
 def test_the_bootstrap_counts_instance_states_as_the_control_plane_does() -> None:

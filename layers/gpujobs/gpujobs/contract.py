@@ -292,6 +292,11 @@ class ExitCode(IntEnum):
     UNHEALTHY_NODE = 122
     """The bootstrap's: the node's GPU check failed before the workload started (too few GPUs, an
     uncorrected ECC error or a retirement pending, a failed `dcgmi diag`, a hardware XID)."""
+    SLOW_INTERCONNECT = 123
+    """The launcher's, inside the job's container: the gang's all-reduce bus bandwidth, measured
+    before `requirements:`/`setup:` and the workload, is below the type's floor. The job's container's
+    claim, not the host's (its image is the user's): believed only from an attempt that has made no
+    progress (`fate.slow_interconnect`), and never held against a spot pool."""
     BOOTSTRAP_FAILED = 125
     """The instance bootstrap could not start the workload (as `docker run` exits 125 when it cannot
     run a container). Not 127: that is a shell's "command not found", a configuration error."""

@@ -19,8 +19,11 @@ RESTORE_ALLOWANCE = timedelta(minutes=1)
 """Loading the newest checkpoint onto the GPUs."""
 COMPLETED_END_REASON = "succeeded"
 """The `end_reason` of an attempt whose nodes all exited 0 (`fate.Verdict.SUCCEEDED`)."""
-UNHEALTHY_END_REASONS = frozenset({Reason.UNHEALTHY_NODE.value, Reason.HARDWARE_FAULT.value})
-"""The `end_reason`s of an attempt a node's hardware ended (`fate.Verdict.UNHEALTHY_NODE`, `HARDWARE_FAULT`)."""
+UNHEALTHY_END_REASONS = frozenset(
+    {Reason.UNHEALTHY_NODE.value, Reason.HARDWARE_FAULT.value, Reason.SLOW_INTERCONNECT.value}
+)
+"""The `end_reason`s of an attempt its hosts ended (`fate.Verdict.UNHEALTHY_NODE`, `HARDWARE_FAULT`,
+`SLOW_INTERCONNECT`): counted together toward `fate.UNHEALTHY_LIMIT`."""
 
 
 class LaunchTry(Frozen):
@@ -91,6 +94,11 @@ class Attempt(Frozen):
     unhealthy: dict[str, Detail] = Field(default_factory=dict)
     """Nodes that reported their GPUs unhealthy (before training) or a hardware fault (during it),
     instance id -> what their check found (`fate.Verdict.UNHEALTHY_NODE`): shown, and the pool scored down."""
+    slow_interconnect: dict[str, Detail] = Field(default_factory=dict)
+    """Nodes whose launcher exited `ExitCode.SLOW_INTERCONNECT`, instance id -> what it said it
+    measured (the gang's all-reduce against the type's floor): the job's container's claim, recorded
+    as reported and believed (`fate.Verdict.SLOW_INTERCONNECT`) only from an attempt that made no
+    progress. Shown, never held against the pool (`pools.reclaims_of` reads `unhealthy` only)."""
     error_line: Detail = ""
     """The message of the attempt's first failed exit report (say, the trainer's configuration
     error), capped: what `gpujobs status` shows of why the attempt failed."""
@@ -232,7 +240,8 @@ class RetiredAttempts(Frozen):
     boot_deaths_in_a_row: int = 0
     """Newest retired attempts in a row that saw their instances die at boot (`fate.boot_deaths_in_a_row`)."""
     unhealthy_in_a_row: int = 0
-    """Newest retired attempts in a row ended by a node's failed GPU check or hardware fault (`fate.unhealthy_in_a_row`)."""
+    """Newest retired attempts in a row ended by a node's failed GPU check, a hardware fault or a slow
+    interconnect (`fate.unhealthy_in_a_row`)."""
     progressed: bool = False
     """Whether any retired attempt heartbeated or committed a checkpoint (`fate.made_progress`)."""
     trained_seconds: float = 0.0

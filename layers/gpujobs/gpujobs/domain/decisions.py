@@ -223,6 +223,9 @@ def on_exit(job: Job, report: ExitReport, *, now: datetime) -> Decision:
     if exit_code in HARDWARE_EXIT_CODES:  # which node, and what its check found: shown, and its pool scored down
         said = cap_detail(" ".join(message.split())) or HARDWARE_EXIT_CODES[ExitCode(exit_code)]
         update["unhealthy"] = {**found.unhealthy, key: said}
+    if exit_code == ExitCode.SLOW_INTERCONNECT:  # the launcher's claim, as it said it: judged with progress (fate)
+        said = cap_detail(" ".join(message.split())) or Reason.SLOW_INTERCONNECT.value
+        update["slow_interconnect"] = {**found.slow_interconnect, key: said}
     changed = job.with_attempt(found.model_copy(update=update), now=now)
     return Decision(Outcome.EXIT_RECORDED, changed, detail=f"exit {exit_code} on {key}").then(settle(changed, now=now))
 

@@ -41,9 +41,10 @@ BOOT_DEATH_CAUSES = (
     " (EbsKmsKeyArn and its grants), an AMI that does not boot this type, or the instance profile"
 )
 UNHEALTHY_LIMIT = 3
-"""Attempts in a row ended by a node's failed GPU check or hardware fault before the job fails:
-each relaunch goes to another host (and a scored-down pool), so three bad hosts in a row say the
-pools, the AMI or the driver are broken, and an unhealthy report never relaunches a job forever."""
+"""Attempts in a row ended by a node's failed GPU check, a hardware fault or a slow interconnect
+before the job fails: each relaunch goes to other hosts (and a scored-down pool), so three bad gangs
+in a row say the pools, the AMI, the driver or the job's own check are broken, and an unhealthy
+report never relaunches a job forever."""
 HARDWARE_EXIT_CODES = {ExitCode.UNHEALTHY_NODE: "unhealthy-node", ExitCode.HARDWARE_FAULT: "hardware-fault"}
 """The bootstrap's codes for a node whose hardware failed (`gpujobs.instance.gpu_health`) -> the verdict."""
 MISCONFIGURED_EXIT_CODES = frozenset({ExitCode.CONFIG_ERROR, 2, 126, 127})
@@ -82,6 +83,11 @@ class Verdict(StrEnum):
     HARDWARE_FAULT = "hardware-fault"
     """The workload failed and its node logged new hardware XIDs (`ExitCode.HARDWARE_FAULT`): relaunched
     like an unhealthy node, never judged the job's crash."""
+    SLOW_INTERCONNECT = "slow-interconnect"
+    """The gang's all-reduce, measured by the launcher before any of the job's code ran, was below the
+    type's floor (`ExitCode.SLOW_INTERCONNECT`, and the gang made no progress: `slow_interconnect`):
+    relaunched on other hosts like an unhealthy node, but its pool is never scored down (the figure
+    is the job's container's claim, and a job must not steer other jobs' placement)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,9 @@ def judge_attempt(job: Job, attempt: Attempt, *, now: datetime) -> Judgement:
     hardware = sorted({code for code in crashed.values() if code in HARDWARE_EXIT_CODES})
     if hardware:  # a node's hardware ended the gang: what the other nodes then exited with follows from it
         return Judgement(Verdict(HARDWARE_EXIT_CODES[ExitCode(hardware[-1])]), _unhealthy(attempt, crashed))
+    slow = slow_interconnect(attempt, crashed)
+    if slow:  # the gang's check failed before the job's code ran: the other nodes' exits follow from it
+        return Judgement(Verdict.SLOW_INTERCONNECT, _slow_interconnect(attempt, slow))
     if crashed and all(code == ExitCode.SYNC_FAILED for code in crashed.values()):
         return Judgement(Verdict.SYNC_FAILED, f"the last sync of the checkpoint folder failed ({_codes(crashed)})")
     if crashed and misconfigured(job, crashed):
@@ -160,9 +169,28 @@ def fails_and_keeps(job: Job, attempt: Attempt, crashed: dict[str, int]) -> bool
         return False
     if attempt.waits_for_replacement:
         return False
-    if any(code in HARDWARE_EXIT_CODES for code in crashed.values()):
-        return False  # a node's hardware ended it: relaunched on other hosts, never a crash that fails the job
+    if any(code in HARDWARE_EXIT_CODES for code in crashed.values()) or slow_interconnect(attempt, crashed):
+        return False  # a node's hardware or the gang's network ended it: relaunched on other hosts, never kept
     return misconfigured(job, crashed) or job.crashes + 1 >= spec.max_attempts
+
+
+def slow_interconnect(attempt: Attempt, crashed: dict[str, int]) -> list[str]:
+    """The nodes that exited `ExitCode.SLOW_INTERCONNECT`, where that is believed: the launcher checks
+    the gang's all-reduce before `requirements:`, `setup:` and the workload, so the gang as it is now
+    (since its launch, or since a regroup's replacements joined it) has made no progress: no heartbeat,
+    no checkpoint commit and no directory sync recorded. After progress the code is the workload's own
+    exit, judged like any crash (none here). Decided on the record, never on the message."""
+    slow = [i for i, code in sorted(crashed.items()) if code == ExitCode.SLOW_INTERCONNECT]
+    return slow if slow and not progressed_in_gang(attempt) else []
+
+
+def progressed_in_gang(attempt: Attempt) -> bool:
+    """A heartbeat or a checkpoint (a commit, or a `directory` job's sync) recorded on the attempt since
+    its gang formed: its launch, or the newest regroup's replacements' launch."""
+    regroup = attempt.regroup
+    formed = regroup.launched_at if regroup is not None and regroup.launched_at is not None else attempt.started_at
+    heard = (attempt.last_heartbeat_at, attempt.checkpoint_at if attempt.checkpoint_step is not None else None)
+    return any(at is not None and at >= formed for at in heard)
 
 
 def made_progress(job: Job) -> bool:
@@ -206,7 +234,7 @@ def _boot_death(attempt: Attempt, missing: list[str]) -> str:
 
 
 def unhealthy_in_a_row(job: Job) -> int:
-    """Attempts ended by a node's hardware (`UNHEALTHY_NODE`, `HARDWARE_FAULT`), newest first, until
+    """Attempts ended by their hosts (`UNHEALTHY_NODE`, `HARDWARE_FAULT`, `SLOW_INTERCONNECT`), newest first, until
     one that ended otherwise (attempts that launched nothing do not break the row)."""
     count = 0
     for attempt in reversed(job.attempts):
@@ -222,6 +250,15 @@ def _unhealthy(attempt: Attempt, crashed: dict[str, int]) -> str:
     found = [i for i, code in sorted(crashed.items()) if code in HARDWARE_EXIT_CODES]
     said = "; ".join(f"{i}: {attempt.unhealthy[i]}" if attempt.unhealthy.get(i) else i for i in found)
     return f"unhealthy node(s), replaced without spending an attempt: {said}"
+
+
+def _slow_interconnect(attempt: Attempt, slow: list[str]) -> str:
+    """The nodes and what they said they measured; a gang's nodes report the same figure, said once."""
+    by_said: dict[str, list[str]] = {}
+    for iid in slow:
+        by_said.setdefault(attempt.slow_interconnect.get(iid, ""), []).append(iid)
+    said = "; ".join(f"{', '.join(ids)}: {s}" if s else ", ".join(ids) for s, ids in by_said.items())
+    return f"slow interconnect, relaunched on other hosts without spending an attempt: {said}"
 
 
 def _config_error(attempt: Attempt, crashed: dict[str, int]) -> str:
@@ -277,7 +314,7 @@ def moves_for(job: Job, judgement: Judgement) -> Move | None:
         if boot_deaths_in_a_row(job) >= BOOT_DEATH_LIMIT:
             return Move(((JobState.FAILED, Reason.DIED_AT_BOOT),), relaunch=False)
         return Move(((JobState.QUEUED, Reason.DIED_AT_BOOT),), relaunch=True)
-    if verdict in (Verdict.UNHEALTHY_NODE, Verdict.HARDWARE_FAULT):
+    if verdict in (Verdict.UNHEALTHY_NODE, Verdict.HARDWARE_FAULT, Verdict.SLOW_INTERCONNECT):
         reason = Reason(verdict.value)
         if unhealthy_in_a_row(job) >= UNHEALTHY_LIMIT:
             return Move(((JobState.FAILED, reason),), relaunch=False)

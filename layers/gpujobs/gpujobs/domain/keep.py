@@ -8,7 +8,9 @@ exit as before. The control plane decides:
 * a crash that fails the job (`fate.fails_and_keeps`) ends the attempt at once, without terminating
   the rest of the gang, and the FAILED job records `Kept` until `now + keep_on_failure`: billed
   (`Job.held_until`), shown by `gpujobs status`, open to `gpujobs shell`/`exec`;
-* any other end of a crashed attempt (a retry, a stop) terminates what its nodes kept up;
+* any other end of a crashed attempt (a retry, a stop) terminates what its nodes kept up, and so
+  does a gang ended by a slow interconnect (`fate.Verdict.SLOW_INTERCONNECT`: the launcher's 123 is a
+  crash to the bootstrap), which is never kept, even when it fails the job;
 * `gpujobs cancel` of the FAILED job releases the keep (`release`): its instances go at once;
 * when the keep is over, the reconciler's orphan sweep takes its instances like any ended job's
   (`spares` is false from then on): a pure test on the record and the injected clock, so a rerun
@@ -35,6 +37,8 @@ def keep_or_terminate(job: Job, ended: Attempt, verdict: Verdict, *, now: dateti
     kept (recorded on the job); a crashed gang of a job that goes on is terminated."""
     keep = job.spec.keeps_on_failure if job.spec is not None else None
     live = live_instances(ended)
+    if keep is not None and verdict is Verdict.SLOW_INTERCONNECT and live:
+        return job, (Terminate(live),)  # its 123 was a crash to the bootstraps, which kept their hosts up
     if keep is None or verdict not in CRASH_VERDICTS or not live:
         return job, ()
     if job.state is JobState.FAILED and job.is_current(ended) and job.kept is None:

@@ -204,6 +204,7 @@ def record_launch(
             "lease_expires_at": None,
             "exit_codes": _by_instance(attempt.exit_codes, gang.instance_ids),
             "unhealthy": _by_instance(attempt.unhealthy, gang.instance_ids),
+            "slow_interconnect": _by_instance(attempt.slow_interconnect, gang.instance_ids),
             "can_regroup": True,
         }
     )

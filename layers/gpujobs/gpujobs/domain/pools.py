@@ -76,7 +76,9 @@ def reclaims_of(job: Job) -> list[Reclaim]:
     """The spot reclaims the job's record shows (moves are not reclaims): its attempts' and its
     gangs' newest node reclaims (`domain.regroup`). An attempt a node's failed GPU check or hardware
     fault ended (`Attempt.unhealthy`) scores its pool down like a reclaim: the relaunch tries the
-    pool's other zones first, and the stack's other spot launches learn of it too."""
+    pool's other zones first, and the stack's other spot launches learn of it too. A slow interconnect
+    (`Attempt.slow_interconnect`, exit 123) never does: the figure is the job's container's claim, and
+    one job's image must not steer every team's spot placement."""
     found = []
     for a in job.attempts:
         if a.market is not Market.SPOT or a.instance_type is None or a.zone is None:

@@ -79,6 +79,7 @@ class Reason(StrEnum):
     NO_ROOM_FOR_NODE = "no-room-for-node"
     UNHEALTHY_NODE = "unhealthy-node"
     HARDWARE_FAULT = "hardware-fault"
+    SLOW_INTERCONNECT = "slow-interconnect"
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,18 @@ TRANSITIONS: tuple[Transition, ...] = (
         JobState.FAILED,
         Reason.HARDWARE_FAULT,
         "hardware faults (or failed GPU checks) in attempts in a row: the pools are broken",
+    ),
+    Transition(
+        R,
+        Q,
+        Reason.SLOW_INTERCONNECT,
+        "the gang's all-reduce was below its type's floor before training: relaunched elsewhere, nothing counted",
+    ),
+    Transition(
+        R,
+        JobState.FAILED,
+        Reason.SLOW_INTERCONNECT,
+        "slow interconnects (or failed GPU checks, hardware faults) in attempts in a row: the pools are broken",
     ),
     Transition(R, JobState.FAILED, Reason.CRASHED_TOO_OFTEN, "the attempt crashed and max_attempts is used up"),
     Transition(

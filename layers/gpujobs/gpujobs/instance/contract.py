@@ -57,6 +57,9 @@ EXIT_HARDWARE_FAULT = 121
 """The workload failed and new hardware XID errors were logged while it ran (gpu_health.py)."""
 EXIT_UNHEALTHY_NODE = 122
 """The node's GPU check failed before the workload started (gpu_health.py): replace this node."""
+EXIT_SLOW_INTERCONNECT = 123
+"""The launcher's (the job's container): the gang's all-reduce bandwidth is below the type's floor
+(`GPUJOBS_INTERCONNECT_FLOOR_GBS`); passed through unchanged, the control plane relaunches the gang."""
 EXIT_PREEMPTED = 75
 """The trainer's exit after a preemption's checkpoint committed (EX_TEMPFAIL): a survivor of another
 node's warning may regroup (bootstrap.py)."""
