@@ -25,6 +25,7 @@ from gpujobs.domain.hardware import (
 from gpujobs.domain.job import Attempt, Job
 from gpujobs.domain.job_access import job_prefix, outputs_uri
 from gpujobs.domain.spec_parts import setup_argv
+from gpujobs.domain.states import Reason
 
 RUN_DOCUMENT_VERSION = 1
 
@@ -120,10 +121,6 @@ class RunDocument(BaseModel):
     """A multi-node gang's all-reduce floor in GB/s per type it launches with EFA (`domain.hardware`):
     the container's launcher measures the gang's bus bandwidth before the job's code runs and exits
     `ExitCode.SLOW_INTERCONNECT` below it. A type left out (or a single node) measures and logs only."""
-
-
-SLOW_INTERCONNECT_END = "slow-interconnect"
-"""`Reason.SLOW_INTERCONNECT`'s value: the end reason of an attempt whose gang was below the floor."""
 
 
 class RunDocumentPointer(BaseModel):
@@ -230,7 +227,7 @@ def slow_gangs_in_a_row(job: Job, *, before: int) -> int:
     all-reduce was below the floor, until one that did not."""
     count = 0
     for attempt in sorted((a for a in job.attempts if a.number < before), key=lambda a: -a.number):
-        if attempt.end_reason != SLOW_INTERCONNECT_END:
+        if attempt.end_reason != Reason.SLOW_INTERCONNECT.value:
             break
         count += 1
     return count
