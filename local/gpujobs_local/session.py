@@ -9,7 +9,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,12 +147,14 @@ def local_session(
     teams: str | None = None,
     instance_python: str | None = None,
     spot_notice_seconds: float = SPOT_NOTICE_SECONDS,
+    allowed_instance_types: Sequence[str] = LOCAL_INSTANCE_TYPES,
 ) -> Iterator[LocalSession]:
     """Start the local cloud and its instance runner; stop both, leaving nothing running.
     `teams`: a team configuration (JSON, docs/deploy.md "Teams"); None runs the stack without one.
+    `allowed_instance_types`: the stack's allow-list (a story on another type widens it).
     `instance_python`, `spot_notice_seconds`: the bootstrap's interpreter, a drill's notice (`attach_runner`)."""
     cloud = LocalCloud(
-        workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=LOCAL_INSTANCE_TYPES, teams=teams
+        workdir=workdir, reconcile_every=reconcile_every, allowed_instance_types=allowed_instance_types, teams=teams
     )
     cloud.start()
     try:
