@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -281,6 +282,18 @@ def _listening_here(endpoint: str) -> bool:
             if os.readlink(fd) in inodes:
                 return True
     return False
+
+
+def fake_nvidia_smi_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> Path:
+    """A PATH folder holding `nvidia-smi` as this Python `script`, put first on PATH before `stage`
+    starts the cloud (its instances inherit it: docs/instance.md, step 3); the folder."""
+    tools = tmp_path / "fake-gpu-tools"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\n" + script)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    return tools
 
 
 @pytest.fixture

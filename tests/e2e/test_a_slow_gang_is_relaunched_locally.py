@@ -8,8 +8,6 @@ then the likelier cause), and trains the job to the end on its one attempt."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import pytest
 
 from gpujobs.domain.states import JobState
 from gpujobs_local.session import LOCAL_INSTANCE_TYPES
-from tests.e2e.conftest import Stage, digits_spec
+from tests.e2e.conftest import Stage, digits_spec, fake_nvidia_smi_on_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.training]
 
@@ -37,13 +35,7 @@ def session_options() -> dict[str, Any]:
 @pytest.fixture
 def gpu_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A PATH folder whose nvidia-smi shows every host 8 healthy GPUs (p5.48xlarge has 8)."""
-    tools = tmp_path / "fake-gpu-tools"
-    tools.mkdir()
-    smi = tools / "nvidia-smi"
-    smi.write_text(f"#!{sys.executable}\n" + FAKE_NVIDIA_SMI)
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")  # before `stage` starts the cloud
-    return tools
+    return fake_nvidia_smi_on_path(tmp_path, monkeypatch, FAKE_NVIDIA_SMI)
 
 
 @pytest.mark.timeout(300)

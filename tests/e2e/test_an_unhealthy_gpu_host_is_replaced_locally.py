@@ -6,14 +6,12 @@ to the end. The record names the bad instance and what its check found."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpujobs.domain.states import JobState, Reason
-from tests.e2e.conftest import Stage, digits_spec
+from tests.e2e.conftest import Stage, digits_spec, fake_nvidia_smi_on_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.training]
 
@@ -30,13 +28,7 @@ for i in range(gpus):
 @pytest.fixture
 def a_bad_first_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A PATH folder whose nvidia-smi shows the first instance 1 GPU of its type's 4, later ones all 4."""
-    tools = tmp_path / "fake-gpu-tools"
-    tools.mkdir()
-    smi = tools / "nvidia-smi"
-    smi.write_text(f"#!{sys.executable}\n" + FAKE_NVIDIA_SMI.format(seen=str(tmp_path / "asked-once")))
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")  # before `stage` starts the cloud
-    return tools
+    return fake_nvidia_smi_on_path(tmp_path, monkeypatch, FAKE_NVIDIA_SMI.format(seen=str(tmp_path / "asked-once")))
 
 
 @pytest.mark.timeout(300)

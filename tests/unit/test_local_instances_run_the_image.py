@@ -102,7 +102,7 @@ def test_only_the_images_own_paths_are_mapped(tmp_path: Path) -> None:
 
     assert image.translate("--out=/home/trainer/model") == f"--out={tmp_path}/home/trainer/model"
     assert image.translate("/opt/gpujobs:/usr/lib/python3") == f"{tmp_path}/opt/gpujobs:/usr/lib/python3"
-    for host_or_other in ["/work/repo/train.py", "/opt/gpujobsX", "/home/someone", "s3://bucket/key", "python"]:
+    for host_or_other in ["/srv/repo/train.py", "/opt/gpujobsX", "/home/someone", "s3://bucket/key", "python"]:
         assert image.translate(host_or_other) == host_or_other
 
 
