@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from gpujobs.adapters.catalog import packaged_hardware
 from gpujobs.adapters.cloudwatch import THROTTLE_LOOKBACK
 from gpujobs.adapters.dynamodb import MAX_ITEM_BYTES, item_size, job_item
 from gpujobs.contract import IDLE_DETECTION_OFF, UP_STATES, ExitCode
@@ -56,7 +57,7 @@ from gpujobs.service.repairs import Repair
 from gpujobs.service.sweeps import ORPHAN_GRACE
 from gpujobs_fakes.evidence import FixedPlacementScores
 from gpujobs_fakes.memory import FixedClock, StaticTeamConfig
-from tests.service.conftest import World
+from tests.service.conftest import CONFIG, World
 from tests.service.faults import FaultPlan, InjectedFaultError, When, wrap_ports
 
 START = datetime(2026, 11, 30, 21, 0, tzinfo=UTC)
@@ -215,6 +216,7 @@ class SimulatedCloud:
         self.evidence = world.ports.pool_evidence
         self.last_reconcile = START
         world.rewire(
+            config=replace(CONFIG, hardware=packaged_hardware()),  # EFA, GPU counts and floors per type, as deployed
             **wrap_ports(world.ports, self.plan, is_port=is_fake),
             budget_has_room=lambda _policy: self.budget_has_room,
             time_left=self._time_left,

@@ -7,10 +7,13 @@ the workload's own exit, a crash."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
+from gpujobs.adapters.catalog import packaged_hardware
 from gpujobs.contract import ExitCode
 from gpujobs.domain.decisions import on_exit
 from gpujobs.domain.effects import Terminate
@@ -21,7 +24,7 @@ from gpujobs.domain.pools import reclaims_of
 from gpujobs.domain.reports import CheckpointReport, ExitReport, HeartbeatReport
 from gpujobs.domain.spec import validate_spec
 from gpujobs.domain.states import JobState, Reason
-from tests.service.conftest import World, spec
+from tests.service.conftest import CONFIG, World, spec
 from tests.service.test_an_unhealthy_node_is_replaced_without_spending_an_attempt import gang_goes, node_reports
 
 MEASURED = (
@@ -184,3 +187,24 @@ def test_a_gang_below_its_floor_whose_reports_overtook_its_launch_is_terminated_
     assert launched.job.kept is None
     assert launched.job.attempts[0].slow_interconnect == dict.fromkeys(gang.instance_ids, SAID)
     assert Terminate(gang.instance_ids) in launched.effects
+
+
+def test_after_two_slow_gangs_in_a_row_the_third_is_told_to_measure_only_and_is_not_sent_away(world: World) -> None:
+    """A floor the type's hosts keep missing is the image's NCCL setup or the floor, not the hosts: the
+    third gang's run document names no floor, so it trains at what it gets instead of failing the job."""
+    world.rewire(config=replace(CONFIG, hardware=packaged_hardware()))
+    job = world.submit(spec(**GANG, max_attempts=1)).job
+    for number in (1, 2):
+        assert told_floors(world, number) == {"p4d.24xlarge": 12.5}
+        gang_reports(world, world.store.get(job.job_id), ExitCode.SLOW_INTERCONNECT)
+        gang_goes(world, job.job_id, number)
+
+    assert told_floors(world, 3) == {}
+    assert world.store.get(job.job_id).state is JobState.RUNNING
+
+
+def told_floors(world: World, attempt: int) -> dict[str, float]:
+    """The floors the run document of `attempt`'s launch named (one launch per attempt here)."""
+    [request] = [r for r in world.compute.calls if r.attempt == attempt]
+    floors: dict[str, float] = json.loads(request.user_data)["interconnect_floors"]
+    return floors

@@ -33,10 +33,14 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from gpujobs.adapters.catalog import packaged_hardware
 from gpujobs.contract import ExitCode
 from gpujobs.domain.budget import BudgetMode
 from gpujobs.domain.decisions import HEARTBEAT_RECORD_INTERVAL
+from gpujobs.domain.hardware import INTERCONNECT_RELAUNCHES, interconnect_floors
 from gpujobs.domain.job import Market
+from gpujobs.domain.rundoc import slow_gangs_in_a_row
+from gpujobs.domain.spec import JobSpec
 from gpujobs.domain.spec_parts import setup_argv
 from gpujobs.domain.states import JobState, Reason
 from tests.service.cloud import (
@@ -382,7 +386,17 @@ class ControlPlaneUnderChaos(RuleBasedStateMachine):
                 f"/jobs/{request.job_id}/venvs"
             )
             assert own_cache if spec.requirements else doc["venv_cache_uri"] == "", doc["venv_cache_uri"]
+            self._judge_floors(request.job_id, request.attempt, spec, doc["interconnect_floors"])
         self.launches_checked = len(calls)
+
+    def _judge_floors(self, job_id: str, attempt: int, spec: JobSpec, floors: dict[str, float]) -> None:
+        """A multi-node gang is told the all-reduce floor of each of its EFA types, except after two
+        slow gangs in a row (then it measures only); a single node never is (issue 22)."""
+        job = next(j for j in self.cloud.jobs() if j.job_id == job_id)
+        owed = interconnect_floors(packaged_hardware(), instance_types=spec.instance_types, nodes=spec.nodes)
+        relaxed = slow_gangs_in_a_row(job, before=attempt) >= INTERCONNECT_RELAUNCHES
+        assert floors == ({} if relaxed else owed), (job_id, attempt, floors, owed)
+        assert spec.nodes > 1 or floors == {}, (job_id, floors)
 
     def teardown(self) -> None:
         self.cloud.quiet()
