@@ -753,7 +753,13 @@ class SimulatedCloud:
                 if not a.is_over or ExitCode.SLOW_INTERCONNECT not in a.exit_codes.values():
                     continue
                 formed = a.regroup.launched_at if a.regroup and a.regroup.launched_at else a.started_at
-                trained = any(t is not None and t >= formed for t in (a.last_heartbeat_at, a.checkpoint_at))
+                # What the control plane knew when it judged: a heartbeat is never recorded on an ended
+                # attempt, but a commit is (the checkpoint is real), so one recorded at or after the end
+                # may have come in late, behind the 123 it preceded: no evidence against the verdict.
+                ended = a.ended_at or formed
+                heard = a.last_heartbeat_at is not None and a.last_heartbeat_at >= formed
+                committed = a.checkpoint_at is not None and formed <= a.checkpoint_at < ended
+                trained = heard or committed
                 if a.end_reason == Verdict.SLOW_INTERCONNECT.value and trained:
                     problems.append(f"{job.job_id}: attempt {a.number}'s 123 after progress ended it slow-interconnect")
                 if a.end_reason == Verdict.MISCONFIGURED.value and set(a.exit_codes.values()) <= {0, 123}:
