@@ -197,13 +197,16 @@ def test_a_single_node_measures_no_interconnect() -> None:
     assert a_document(job, attempt)["interconnect_floors"] == {}
 
 
+def ended(number: int, reason: str, *, launched: bool = True) -> Attempt:
+    """An ended attempt whose gang (two instances) was launched, or a walk that launched nothing."""
+    gang = (f"i-{number:016x}", f"i-{number + 100:016x}") if launched else ()
+    return Attempt(number=number, started_at=NOW, ended_at=NOW, end_reason=reason, instance_ids=gang)
+
+
 def test_after_two_slow_gangs_in_a_row_the_next_one_trains_at_what_it_gets() -> None:
     """Fresh hosts twice below the floor say the image's NCCL setup or the type is the cause, not the
     hosts: the third gang measures and logs only, rather than the job failing for its fabric."""
     job, _ = a_job(nodes=2, instance_types=["p4d.24xlarge"])
-
-    def ended(number: int, reason: str) -> Attempt:
-        return Attempt(number=number, started_at=NOW, ended_at=NOW, end_reason=reason)
 
     once = job.model_copy(update={"attempts": (ended(1, "crashed"), ended(2, "slow-interconnect"))})
     twice = job.model_copy(update={"attempts": (ended(1, "slow-interconnect"), ended(2, "slow-interconnect"))})
@@ -214,3 +217,14 @@ def test_after_two_slow_gangs_in_a_row_the_next_one_trains_at_what_it_gets() -> 
     assert a_document(once, Attempt(number=3, started_at=NOW))["interconnect_floors"] == {"p4d.24xlarge": 12.5}
     assert a_document(twice, Attempt(number=3, started_at=NOW))["interconnect_floors"] == {}
     assert a_document(broken, Attempt(number=4, started_at=NOW))["interconnect_floors"] == {"p4d.24xlarge": 12.5}
+
+
+def test_a_walk_that_launched_nothing_does_not_break_the_row_of_slow_gangs() -> None:
+    """Counted as the limit that fails the job counts (`fate.unhealthy_in_a_row`): else a third slow gang
+    would still be judged, and end the job FAILED, instead of training at what it gets."""
+    job, _ = a_job(nodes=2, instance_types=["p4d.24xlarge"])
+    between = (ended(1, "slow-interconnect"), ended(2, "no-capacity", launched=False), ended(3, "slow-interconnect"))
+
+    doc = a_document(job.model_copy(update={"attempts": between}), Attempt(number=4, started_at=NOW))
+
+    assert doc["interconnect_floors"] == {}

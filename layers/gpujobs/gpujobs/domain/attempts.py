@@ -5,6 +5,7 @@ count them (`Job._bounded` folds each retired attempt in with `RetiredAttempts.i
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 
 from pydantic import Field
@@ -195,6 +196,20 @@ class Attempt(Frozen):
         """
         pool = hashlib.sha256(f"{instance_type}|{subnet_id}|{market.value}".encode()).hexdigest()[:16]
         return f"{job_id}-a{self.number}-{pool}"
+
+
+def ended_in_a_row(attempts: Iterable[Attempt], end_reasons: Collection[str]) -> tuple[int, bool]:
+    """Attempts that launched instances and ended with one of `end_reasons`, newest first, until one
+    that did not; and whether the row reaches the oldest attempt given (then the retired ones may
+    extend it). Attempts that launched nothing (a walk that found no capacity) do not break the row."""
+    count = 0
+    for attempt in sorted(attempts, key=lambda a: -a.number):
+        if not attempt.instance_ids:
+            continue
+        if attempt.end_reason not in end_reasons:
+            return count, False
+        count += 1
+    return count, True
 
 
 class Kept(Frozen):

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from gpujobs.contract import ExitCode
-from gpujobs.domain.attempts import UNHEALTHY_END_REASONS
+from gpujobs.domain.attempts import UNHEALTHY_END_REASONS, ended_in_a_row
 from gpujobs.domain.job import Attempt, Job, Market
 from gpujobs.domain.spec import Capacity
 from gpujobs.domain.states import JobState, Reason
@@ -215,14 +215,8 @@ def boot_deaths_in_a_row(job: Job) -> int:
     """Attempts that launched instances and ended died-at-boot, newest first, until one that did not
     (attempts that launched nothing, a walk that found no capacity, do not break the row; one that
     launched and has not ended, such as a gang still being reclaimed after its warning, does)."""
-    count = 0
-    for attempt in reversed(job.attempts):
-        if not attempt.instance_ids:
-            continue
-        if attempt.end_reason != Verdict.DIED_AT_BOOT.value:
-            return count
-        count += 1
-    return count + job.retired.boot_deaths_in_a_row
+    count, whole = ended_in_a_row(job.attempts, (Verdict.DIED_AT_BOOT.value,))
+    return count + (job.retired.boot_deaths_in_a_row if whole else 0)
 
 
 def _boot_death(attempt: Attempt, missing: list[str]) -> str:
@@ -236,14 +230,8 @@ def _boot_death(attempt: Attempt, missing: list[str]) -> str:
 def unhealthy_in_a_row(job: Job) -> int:
     """Attempts ended by their hosts (`UNHEALTHY_NODE`, `HARDWARE_FAULT`, `SLOW_INTERCONNECT`), newest first, until
     one that ended otherwise (attempts that launched nothing do not break the row)."""
-    count = 0
-    for attempt in reversed(job.attempts):
-        if not attempt.instance_ids:
-            continue
-        if attempt.end_reason not in UNHEALTHY_END_REASONS:
-            return count
-        count += 1
-    return count + job.retired.unhealthy_in_a_row
+    count, whole = ended_in_a_row(job.attempts, UNHEALTHY_END_REASONS)
+    return count + (job.retired.unhealthy_in_a_row if whole else 0)
 
 
 def _unhealthy(attempt: Attempt, crashed: dict[str, int]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpujobs.domain.attempts import ended_in_a_row
 from gpujobs.domain.hardware import (
     INTERCONNECT_RELAUNCHES,
     InstanceHardware,
@@ -224,10 +225,8 @@ def run_document(
 
 def slow_gangs_in_a_row(job: Job, *, before: int) -> int:
     """The job's attempts numbered below `before`, newest first, that ended because their gang's
-    all-reduce was below the floor, until one that did not."""
-    count = 0
-    for attempt in sorted((a for a in job.attempts if a.number < before), key=lambda a: -a.number):
-        if attempt.end_reason != Reason.SLOW_INTERCONNECT.value:
-            break
-        count += 1
+    all-reduce was below the floor, until one that did not: counted as `fate.unhealthy_in_a_row`
+    counts (attempts that launched nothing do not break the row), so the gang told to measure only
+    comes before the limit that fails the job."""
+    count, _ = ended_in_a_row((a for a in job.attempts if a.number < before), (Reason.SLOW_INTERCONNECT.value,))
     return count
