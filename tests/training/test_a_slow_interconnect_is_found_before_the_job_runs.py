@@ -19,6 +19,7 @@ import pytest
 
 from gpujobs_trainer.errors import CONFIG_ERROR_EXIT_CODE, SLOW_INTERCONNECT_EXIT_CODE
 from gpujobs_trainer.interconnect import FLOOR_ENV, INSTANCE_TYPE_ENV, bus_bandwidth_gbs
+from tests.training.test_job_dependencies import launch as run_launcher
 
 MEASURED = "all-reduce bus bandwidth"
 WORKLOAD = "import os, pathlib; pathlib.Path('ran-' + os.environ['RANK']).write_text('trained')"
@@ -45,15 +46,7 @@ def launch(workdir: Path, **extra: str) -> subprocess.CompletedProcess[str]:
         TMPDIR=str(workdir),
         **extra,
     )
-    return subprocess.run(
-        [sys.executable, "-m", "gpujobs_trainer.launch", "--", sys.executable, "-c", WORKLOAD],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_launcher(workdir, env, sys.executable, "-c", WORKLOAD)
 
 
 def trained(workdir: Path) -> list[str]:
