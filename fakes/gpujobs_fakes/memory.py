@@ -228,8 +228,10 @@ class FakeInstance:
 @dataclass
 class FakeCompute:
     """EC2 as the launcher sees it. `refuse` maps (instance_type, zone, market) to an error code.
-    Listings read a snapshot of the instances, so threads racing launches and listings (the ledger's
-    race test) see one consistent set each."""
+    Listings read a snapshot of the instances taken under a lock, so threads racing launches and
+    listings (the ledger's race test) see one consistent set each. (A bare ``list(d.items())`` is not
+    one: a garbage collection inside it runs Python callbacks, hypothesis's among them, and another
+    thread may then add an instance.)"""
 
     subnet_list: list[Subnet] = field(
         default_factory=lambda: [Subnet("subnet-a", "us-east-1a"), Subnet("subnet-b", "us-east-1b")]
@@ -252,6 +254,15 @@ class FakeCompute:
     """Job security group id -> job id."""
     state_reasons: dict[str, str] = field(default_factory=dict)
     """Instance id -> EC2's state reason (say, `Client.InternalError: Client error on launch`)."""
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+
+    def _instances(self) -> list[tuple[str, FakeInstance]]:
+        with self._lock:
+            return list(self.instances.items())
+
+    def _security_groups(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return list(self.security_groups.items())
 
     def state_reason(self, instance_id: str) -> str | None:
         return self.state_reasons.get(instance_id)
@@ -267,7 +278,8 @@ class FakeCompute:
             if len(self.placement_groups) >= self.placement_group_limit:
                 raise CapacityError(PLACEMENT_GROUP_LIMIT_EXCEEDED, "You've reached the limit of placement groups")
             group = PlacementGroup(request.placement_group, request.job_id, request.attempt)
-            self.placement_groups[request.placement_group] = group
+            with self._lock:
+                self.placement_groups[request.placement_group] = group
         if request.client_token in self._by_token:  # EC2 idempotency, parameters included
             first, ids = self._by_token[request.client_token]
             if first != request:
@@ -291,7 +303,8 @@ class FakeCompute:
                 generation=request.generation,
             )
             launched_at = self.clock.now() if self.clock else datetime(2026, 11, 29, tzinfo=UTC)
-            self.instances[iid] = FakeInstance(inst, request, launched_at=launched_at)
+            with self._lock:
+                self.instances[iid] = FakeInstance(inst, request, launched_at=launched_at)
             launched.append(inst)
         self._by_token[request.client_token] = (request, [i.instance_id for i in launched])
         return launched
@@ -299,7 +312,7 @@ class FakeCompute:
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         return [
             f.instance
-            for f in list(self.instances.values())
+            for _, f in self._instances()
             if f.request.job_id == job_id
             and (attempt is None or f.request.attempt == attempt)
             and f.state in LIVE_STATES
@@ -331,39 +344,39 @@ class FakeCompute:
     def list_instances(self) -> list[TaggedInstance]:
         return [
             TaggedInstance(iid, f.request.job_id, f.request.attempt, f.state, f.launched_at)
-            for iid, f in list(self.instances.items())
+            for iid, f in self._instances()
             if f.state != "terminated"
         ]
 
     def list_placement_groups(self) -> list[PlacementGroup]:
-        return list(self.placement_groups.values())
+        with self._lock:
+            return list(self.placement_groups.values())
 
     def delete_placement_group(self, name: str) -> bool:
-        if any(f.request.placement_group == name and f.state != "terminated" for f in list(self.instances.values())):
+        if any(f.request.placement_group == name and f.state != "terminated" for _, f in self._instances()):
             return False
-        self.placement_groups.pop(name, None)
+        with self._lock:
+            self.placement_groups.pop(name, None)
         return True
 
     def job_security_group(self, job_id: str) -> str:
-        group_id = next(
-            (g for g, j in list(self.security_groups.items()) if j == job_id), f"sg-{job_id.removeprefix('j-')}"
-        )
-        self.security_groups[group_id] = job_id
+        group_id = next((g for g, j in self._security_groups() if j == job_id), f"sg-{job_id.removeprefix('j-')}")
+        with self._lock:
+            self.security_groups[group_id] = job_id
         return group_id
 
     def job_security_groups(self) -> list[JobSecurityGroup]:
-        return [JobSecurityGroup(group_id=g, job_id=j) for g, j in list(self.security_groups.items())]
+        return [JobSecurityGroup(group_id=g, job_id=j) for g, j in self._security_groups()]
 
     def delete_security_group(self, group_id: str) -> bool:
-        if any(
-            f.request.security_group_id == group_id and f.state != "terminated" for f in list(self.instances.values())
-        ):
+        if any(f.request.security_group_id == group_id and f.state != "terminated" for _, f in self._instances()):
             return False  # EC2: DependencyViolation
-        self.security_groups.pop(group_id, None)
+        with self._lock:
+            self.security_groups.pop(group_id, None)
         return True
 
     def live(self) -> list[FakeInstance]:
-        return [f for f in list(self.instances.values()) if f.state == "running"]
+        return [f for _, f in self._instances() if f.state == "running"]
 
 
 __all__ = [
