@@ -89,6 +89,9 @@ def _outcomes(*codes: int) -> list[WorkerOutcome]:
         (1, (75, 1), (CRASH_EXIT_CODE, "crashed")),
         (1, (78, 78), (CONFIG_ERROR_EXIT_CODE, "config-error")),
         (-9, (), (CRASH_EXIT_CODE, "crashed")),
+        (1, (0, 0), (SUCCESS_EXIT_CODE, "succeeded")),  # both reported success, then one died in teardown
+        (1, (0,), (CRASH_EXIT_CODE, "crashed")),  # the other worker never reported: it crashed in training
+        (1, (0, 1), (CRASH_EXIT_CODE, "crashed")),
     ],
 )
 def test_worker_outcomes_map_to_one_exit_code(

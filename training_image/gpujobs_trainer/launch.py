@@ -22,12 +22,14 @@ that stopped at a warning (75) leaves the report to the bootstrap, which may sta
 gang regroups around a reclaimed node's replacement (`regroup_may_follow`).
 
 Before the command starts, the spec's ``code:`` archive (GPUJOBS_CODE_URI) is unpacked into the
-working directory (`code_archive`), a multi-node gang's all-reduce bandwidth checked against its floor
-(`interconnect`: 123 below it, before any of the job's code runs), its ``requirements:`` installed
-into a cached venv layered on the image and its ``setup:`` commands run (`dependencies`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE
-``directory`` or ``none``) get their checkpoint folder, its sync and their exit code from
-`script_checkpoints`, and never SIGUSR1; node 0's launcher reports their progress (each sync, and
-a heartbeat while the script runs), which such a script cannot do itself.
+working directory (`code_archive`), a multi-node gang's all-reduce bandwidth checked against its
+floor (`interconnect`: 123 below it, before any of the job's code runs), its ``requirements:``
+installed into a cached venv layered on the image and its ``setup:`` commands run
+(`dependencies`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE ``directory`` or
+``none``) get their checkpoint folder, its sync and their exit code from `script_checkpoints`, and
+never SIGUSR1; node 0's launcher reports their progress (each sync, and a heartbeat while the
+script runs), which such a script cannot do itself. Workers on the library that reported their
+outcome and then hang in torch's teardown are ended after a grace (`teardown`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from gpujobs_trainer.outputs import (
 )
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, checkpoint_mode
 from gpujobs_trainer.stack_dumps import dump_and_upload, nccl_flight_recorder_env
+from gpujobs_trainer.teardown import TeardownWatch, exit_code_within, grace_seconds
 from gpujobs_trainer.torchrun_output import TorchrunStderr
 from gpujobs_trainer.workers import Worker, catches, child_pids, rank_of
 
@@ -222,7 +225,7 @@ def run(
     child_env.update(own.env if own is not None else {})
     stacks_dir = Path(tempfile.mkdtemp(prefix="gpujobs-stacks-"))
     child_env.update(nccl_flight_recorder_env(env, stacks_dir))
-    argv = torchrun_argv(plan, python=python)
+    argv, grace = torchrun_argv(plan, python=python), grace_seconds(dict(env))
     started: list[subprocess.Popen[bytes]] = []
     stopped: list[str] = []
 
@@ -269,8 +272,10 @@ def run(
     if stopped:
         proc.send_signal(signal.SIGTERM)
     tensorboard = TensorboardUploads(dict(env))
-    while (torchrun_code := _wait(proc, seconds=0.5)) is None:
-        tensorboard.tick()
+    teardown = TeardownWatch(outcome_dir, expected_workers=plan.nproc_per_node, torchrun_pid=proc.pid, grace=grace)
+    while (torchrun_code := exit_code_within(proc, seconds=0.5)) is None:
+        for ticking in (tensorboard, teardown):
+            ticking.tick()
         notice = own.spot_notice() if own is not None else ""
         if notice and not stopped:
             stop(notice)
@@ -281,7 +286,10 @@ def run(
         outcome = decide_exit(
             torchrun_code=torchrun_code, outcomes=read_outcomes(outcome_dir), expected_workers=plan.nproc_per_node
         )
-    log.info("torchrun exited %d; job outcome: %s (exit %d)", torchrun_code, outcome.reason, outcome.exit_code)
+    log.info(  # with why the exit code is not torchrun's, when it is not
+        "torchrun exited %d; job outcome: %s (exit %d)%s",
+        *(torchrun_code, outcome.reason, outcome.exit_code, f"; {outcome.note}" if outcome.note else ""),
+    )
     return outcome
 
 
@@ -295,13 +303,6 @@ def _start_torchrun(
     stderr = TorchrunStderr(proc.stderr, sys.stderr.buffer, stop_asked=stop_asked)
     stderr.start()
     return proc, stderr
-
-
-def _wait(proc: subprocess.Popen[bytes], *, seconds: float) -> int | None:
-    try:
-        return proc.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        return None
 
 
 def prepare(plan: LaunchPlan, env: Mapping[str, str], workdir: Path) -> ScriptCheckpoints | None:

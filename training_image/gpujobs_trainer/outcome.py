@@ -55,18 +55,27 @@ class JobOutcome:
     reason: str  # succeeded | preempted | config-error | crashed
     message: str = ""
     """A configuration error's words (the first worker's that reported one): the exit report's message."""
+    note: str = ""
+    """Why the exit code is not torchrun's, for the launcher's log."""
 
 
 def decide_exit(*, torchrun_code: int, outcomes: list[WorkerOutcome], expected_workers: int) -> JobOutcome:
     """The launcher's single exit code.
 
-    0 only when torchrun succeeded; 75 only when every local worker reported a committed
-    preemption checkpoint (torchrun's own code is then meaningless); 78 when a worker reported
-    a configuration problem; anything else is a crash (1).
+    0 when torchrun succeeded, or when every local worker reported success: a worker reports it
+    in ``finish()`` once its final checkpoint is committed, so a worker that dies after that, in
+    the process group's or the interpreter's teardown (torch's C++ threads can abort a process at
+    exit: "terminate called without an active exception", SIGABRT), lost nothing and the job is
+    done; 75 only when every local worker reported a committed preemption checkpoint (torchrun's
+    own code is then meaningless); 78 when a worker reported a configuration problem; anything
+    else is a crash (1).
     """
     codes = [o.exit_code for o in outcomes]
     if torchrun_code == SUCCESS_EXIT_CODE and all(c == SUCCESS_EXIT_CODE for c in codes):
         return JobOutcome(SUCCESS_EXIT_CODE, "succeeded")
+    if len(outcomes) >= expected_workers and all(c == SUCCESS_EXIT_CODE for c in codes):
+        note = "every worker reported success (final checkpoint committed) before a worker died in its teardown"
+        return JobOutcome(SUCCESS_EXIT_CODE, "succeeded", note=note)
     if len(outcomes) >= expected_workers and all(c == PREEMPTED_EXIT_CODE for c in codes):
         return JobOutcome(PREEMPTED_EXIT_CODE, "preempted")
     misconfigured = [o for o in outcomes if o.exit_code == CONFIG_ERROR_EXIT_CODE]
