@@ -138,4 +138,12 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # gpujobs: leave without torch's teardown. The Trainer never destroys its process group, and
+    # freeing one at exit races its own threads (a gloo thread freeing a finished collective's
+    # tensors needs the GIL the exiting main thread holds): the process may hang or abort
+    # ("terminate called without an active exception") after a finished run, and torchrun then
+    # reports a crash. Everything is saved and closed by now; flush and exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
