@@ -170,6 +170,11 @@ class InMemoryJobStore:
             raise UnreadableJobError(job_id, self._unreadable[job_id])
         return self._jobs[job_id]
 
+    def _indexed(self) -> list[Job]:
+        """The index's items, copied under the lock (a listing racing a create must not fail)."""
+        with self._lock:
+            return list((self._jobs if self._index is None else self._index).values())
+
     def list_by_state(
         self,
         state: JobState,
@@ -178,9 +183,8 @@ class InMemoryJobStore:
         team: str | None = None,
         on_unreadable: UnreadableObserver | None = None,
     ) -> list[Job]:
-        indexed = self._jobs if self._index is None else self._index
         found = sorted(
-            (j for j in indexed.values() if j.state is state and team in (None, j.team)),
+            (j for j in self._indexed() if j.state is state and team in (None, j.team)),
             key=lambda j: j.updated_at,
             reverse=True,
         )
@@ -205,10 +209,9 @@ class InMemoryJobStore:
         return self._ended(lambda end: end >= after, limit)
 
     def _ended(self, when: Callable[[datetime], bool], limit: int) -> list[Job]:
-        indexed = self._jobs if self._index is None else self._index
         ended = [
             (end, job)
-            for job in indexed.values()
+            for job in self._indexed()
             if job.job_id not in self._unreadable
             and retention.objects_kept(job)
             and (end := retention.ended_at(job)) is not None
