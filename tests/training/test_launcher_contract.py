@@ -65,11 +65,18 @@ def test_a_multi_node_job_meets_at_the_rank0_ip_with_a_fresh_rendezvous_per_atte
         ({"GPUJOBS_NNODES": "2"}, "GPUJOBS_MASTER_ADDR"),
         ({"GPUJOBS_NNODES": "2", "GPUJOBS_NODE_RANK": "2", "GPUJOBS_MASTER_ADDR": "h"}, "outside 0..1"),
         ({"GPUJOBS_NPROC_PER_NODE": "two"}, "GPUJOBS_NPROC_PER_NODE must be an integer"),
+        ({"GPUJOBS_TEARDOWN_GRACE_SECONDS": "soon"}, "GPUJOBS_TEARDOWN_GRACE_SECONDS must be an integer"),
+        ({"GPUJOBS_TEARDOWN_GRACE_SECONDS": "-1"}, "GPUJOBS_TEARDOWN_GRACE_SECONDS must be >= 0 seconds"),
     ],
 )
 def test_an_inconsistent_launch_environment_is_named(env: dict[str, str], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         plan_from_env(env, COMMAND, gpu_count=0)
+
+
+@pytest.mark.parametrize(("raw", "grace"), [("", 60), ("0", 0), ("5", 5)])
+def test_the_teardown_grace_comes_from_the_environment(raw: str, grace: int) -> None:
+    assert plan_from_env({"GPUJOBS_TEARDOWN_GRACE_SECONDS": raw}, COMMAND, gpu_count=0).teardown_grace == grace
 
 
 def test_the_command_is_everything_after_the_double_dash() -> None:

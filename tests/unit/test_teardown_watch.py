@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpujobs_trainer.outcome import WorkerOutcome, write_outcome
-from gpujobs_trainer.teardown import DEFAULT_GRACE_SECONDS, TeardownWatch, grace_seconds
+from gpujobs_trainer.teardown import TeardownWatch
 
 
 class World:
@@ -89,17 +89,3 @@ def test_workers_that_exited_on_their_own_are_left_alone(world: World) -> None:
     world.now = 61.0
     watch.tick()
     assert world.kills == []
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("", DEFAULT_GRACE_SECONDS),
-        ("5", 5.0),
-        ("0", 0.0),
-        ("soon", DEFAULT_GRACE_SECONDS),
-        ("-1", DEFAULT_GRACE_SECONDS),
-    ],
-)
-def test_the_grace_comes_from_the_environment(raw: str, expected: float) -> None:
-    assert grace_seconds({"GPUJOBS_TEARDOWN_GRACE_SECONDS": raw}) == expected

@@ -28,8 +28,7 @@ installed into a cached venv layered on the image and its ``setup:`` commands ru
 (`dependencies`). Scripts without the trainer library (GPUJOBS_CHECKPOINT_MODE ``directory`` or
 ``none``) get their checkpoint folder, its sync and their exit code from `script_checkpoints`, and
 never SIGUSR1; node 0's launcher reports their progress (each sync, and a heartbeat while the
-script runs), which such a script cannot do itself. Workers on the library that reported their
-outcome and then hang in torch's teardown are ended after a grace (`teardown`).
+script runs), which such a script cannot do itself. Workers hung after their reports: `teardown`.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ from gpujobs_trainer.outputs import (
 )
 from gpujobs_trainer.script_checkpoints import GPUJOBS, ScriptCheckpoints, checkpoint_mode
 from gpujobs_trainer.stack_dumps import dump_and_upload, nccl_flight_recorder_env
-from gpujobs_trainer.teardown import TeardownWatch, exit_code_within, grace_seconds
+from gpujobs_trainer.teardown import DEFAULT_GRACE_SECONDS, GRACE_ENV, TeardownWatch, exit_code_within
 from gpujobs_trainer.torchrun_output import TorchrunStderr
 from gpujobs_trainer.workers import Worker, catches, child_pids, rank_of
 
@@ -92,6 +91,8 @@ class LaunchPlan:
     master_port: int
     rdzv_id: str
     shutdown_timeout: int
+    teardown_grace: int = DEFAULT_GRACE_SECONDS
+    """GPUJOBS_TEARDOWN_GRACE_SECONDS: how long workers may outlive every local report (`teardown`)."""
     command: tuple[str, ...]
     job_id: str
     attempt: int
@@ -126,6 +127,8 @@ def plan_from_env(env: Mapping[str, str], command: Sequence[str], *, gpu_count: 
         raise ConfigError(f"GPUJOBS_NNODES ({nnodes}) and GPUJOBS_NPROC_PER_NODE ({nproc}) must be >= 1")
     if not 0 <= node_rank < nnodes:
         raise ConfigError(f"GPUJOBS_NODE_RANK {node_rank} is outside 0..{nnodes - 1}")
+    if (grace := integer(GRACE_ENV, DEFAULT_GRACE_SECONDS)) < 0:
+        raise ConfigError(f"{GRACE_ENV} must be >= 0 seconds, not {grace}")
     if nnodes > 1 and not master_addr:
         raise ConfigError("GPUJOBS_MASTER_ADDR (rank-0 private IP) is required when GPUJOBS_NNODES > 1")
     job_id = env.get("GPUJOBS_JOB_ID", "").strip() or "local"
@@ -138,6 +141,7 @@ def plan_from_env(env: Mapping[str, str], command: Sequence[str], *, gpu_count: 
         master_port=integer("GPUJOBS_MASTER_PORT", DEFAULT_MASTER_PORT),
         rdzv_id=f"{job_id}-attempt-{attempt}",
         shutdown_timeout=integer("GPUJOBS_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT),
+        teardown_grace=grace,
         command=tuple(command),
         job_id=job_id,
         attempt=attempt,
@@ -225,7 +229,7 @@ def run(
     child_env.update(own.env if own is not None else {})
     stacks_dir = Path(tempfile.mkdtemp(prefix="gpujobs-stacks-"))
     child_env.update(nccl_flight_recorder_env(env, stacks_dir))
-    argv, grace = torchrun_argv(plan, python=python), grace_seconds(dict(env))
+    argv = torchrun_argv(plan, python=python)
     started: list[subprocess.Popen[bytes]] = []
     stopped: list[str] = []
 
@@ -272,7 +276,9 @@ def run(
     if stopped:
         proc.send_signal(signal.SIGTERM)
     tensorboard = TensorboardUploads(dict(env))
-    teardown = TeardownWatch(outcome_dir, expected_workers=plan.nproc_per_node, torchrun_pid=proc.pid, grace=grace)
+    teardown = TeardownWatch(
+        outcome_dir, expected_workers=plan.nproc_per_node, torchrun_pid=proc.pid, grace=plan.teardown_grace
+    )
     while (torchrun_code := exit_code_within(proc, seconds=0.5)) is None:
         for ticking in (tensorboard, teardown):
             ticking.tick()
@@ -286,10 +292,7 @@ def run(
         outcome = decide_exit(
             torchrun_code=torchrun_code, outcomes=read_outcomes(outcome_dir), expected_workers=plan.nproc_per_node
         )
-    log.info(  # with why the exit code is not torchrun's, when it is not
-        "torchrun exited %d; job outcome: %s (exit %d)%s",
-        *(torchrun_code, outcome.reason, outcome.exit_code, f"; {outcome.note}" if outcome.note else ""),
-    )
+    log.info("torchrun exited %d; %s", torchrun_code, outcome.described())
     return outcome
 
 

@@ -58,6 +58,10 @@ class JobOutcome:
     note: str = ""
     """Why the exit code is not torchrun's, for the launcher's log."""
 
+    def described(self) -> str:
+        """The launcher's log words: ``job outcome: succeeded (exit 0)``, and the note when there is one."""
+        return f"job outcome: {self.reason} (exit {self.exit_code})" + (f"; {self.note}" if self.note else "")
+
 
 def decide_exit(*, torchrun_code: int, outcomes: list[WorkerOutcome], expected_workers: int) -> JobOutcome:
     """The launcher's single exit code.

@@ -28,21 +28,11 @@ from pathlib import Path
 from gpujobs_trainer.outcome import read_outcomes
 from gpujobs_trainer.workers import child_pids
 
-log = logging.getLogger("gpujobs.launch")
+log = logging.getLogger("gpujobs_trainer.teardown")
 
 GRACE_ENV = "GPUJOBS_TEARDOWN_GRACE_SECONDS"
-DEFAULT_GRACE_SECONDS = 60.0
-
-
-def grace_seconds(env: dict[str, str] | os._Environ[str]) -> float:
-    """``GPUJOBS_TEARDOWN_GRACE_SECONDS``, 60 unless set to a number >= 0."""
-    raw = env.get(GRACE_ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_GRACE_SECONDS
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds: using %.0f", GRACE_ENV, raw, DEFAULT_GRACE_SECONDS)
-        return DEFAULT_GRACE_SECONDS
-    return value if value >= 0 else DEFAULT_GRACE_SECONDS
+DEFAULT_GRACE_SECONDS = 60
+"""The launcher's default grace (`launch.LaunchPlan.teardown_grace`); a bad value is a ConfigError there."""
 
 
 class TeardownWatch:
