@@ -259,9 +259,9 @@ class FakeCompute:
     """Instance id -> EC2's state reason (say, `Client.InternalError: Client error on launch`)."""
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
-    def _instances(self) -> list[tuple[str, FakeInstance]]:
+    def _instances(self) -> list[FakeInstance]:
         with self._lock:
-            return list(self.instances.items())
+            return list(self.instances.values())
 
     def _security_groups(self) -> list[tuple[str, str]]:
         with self._lock:
@@ -315,7 +315,7 @@ class FakeCompute:
     def find_instances(self, *, job_id: str, attempt: int | None = None) -> list[LaunchedInstance]:
         return [
             f.instance
-            for _, f in self._instances()
+            for f in self._instances()
             if f.request.job_id == job_id
             and (attempt is None or f.request.attempt == attempt)
             and f.state in LIVE_STATES
@@ -346,8 +346,8 @@ class FakeCompute:
 
     def list_instances(self) -> list[TaggedInstance]:
         return [
-            TaggedInstance(iid, f.request.job_id, f.request.attempt, f.state, f.launched_at)
-            for iid, f in self._instances()
+            TaggedInstance(f.instance.instance_id, f.request.job_id, f.request.attempt, f.state, f.launched_at)
+            for f in self._instances()
             if f.state != "terminated"
         ]
 
@@ -356,7 +356,7 @@ class FakeCompute:
             return list(self.placement_groups.values())
 
     def delete_placement_group(self, name: str) -> bool:
-        if any(f.request.placement_group == name and f.state != "terminated" for _, f in self._instances()):
+        if any(f.request.placement_group == name and f.state != "terminated" for f in self._instances()):
             return False
         with self._lock:
             self.placement_groups.pop(name, None)
@@ -372,14 +372,14 @@ class FakeCompute:
         return [JobSecurityGroup(group_id=g, job_id=j) for g, j in self._security_groups()]
 
     def delete_security_group(self, group_id: str) -> bool:
-        if any(f.request.security_group_id == group_id and f.state != "terminated" for _, f in self._instances()):
+        if any(f.request.security_group_id == group_id and f.state != "terminated" for f in self._instances()):
             return False  # EC2: DependencyViolation
         with self._lock:
             self.security_groups.pop(group_id, None)
         return True
 
     def live(self) -> list[FakeInstance]:
-        return [f for _, f in self._instances() if f.state == "running"]
+        return [f for f in self._instances() if f.state == "running"]
 
 
 __all__ = [
